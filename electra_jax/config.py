@@ -45,7 +45,6 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       disc_weight=50.0,
       temperature=1.0,
       embedding_sharing="shared",  # shared | untied | all | gdes
-      two_stage=False,  # ablation: train G alone for the first half, then D initialised from G with G frozen
   ))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,

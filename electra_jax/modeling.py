@@ -1,0 +1,293 @@
+"""ELECTRA's networks as Flax Linen modules: embeddings, BERT encoder, generator and discriminator heads.
+
+No training logic lives here. `Electra` owns every parameter of a run (both networks and their shared parts) and
+exposes one method per forward pass; objectives.py composes them. Parameter names follow HF transformers' ELECTRA so
+that export is a rename-free transpose.
+"""
+import dataclasses
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+SHARING_MODES = ("shared", "untied", "all", "gdes")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  """The sizes of one Transformer encoder (the discriminator's, or the generator's scaled copy)."""
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  intermediate_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  embedding_size: int
+  discriminator: EncoderConfig
+  generator: EncoderConfig
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: str = "float32"
+  remat: bool = False
+  embedding_sharing: str = "shared"
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
+    m = config.model
+    if config.objective.embedding_sharing not in SHARING_MODES:
+      raise ValueError(f"objective.embedding_sharing={config.objective.embedding_sharing!r}: "
+                       f"expected one of {', '.join(SHARING_MODES)}")
+    if config.objective.embedding_sharing == "all" and m.generator_fraction != 1.0:
+      raise ValueError("objective.embedding_sharing=all ties every weight, so it needs "
+                       f"model.generator_fraction=1.0 (got {m.generator_fraction})")
+    if m.hidden_size % m.num_heads:
+      raise ValueError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if config.data.seq_len > m.max_position_embeddings:
+      raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the position table "
+                       f"(model.max_position_embeddings={m.max_position_embeddings})")
+    disc = EncoderConfig(m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size)
+    f = m.generator_fraction
+    gen = EncoderConfig(m.num_layers, max(1, round(m.hidden_size * f)), max(1, round(m.num_heads * f)),
+                        max(1, round(m.intermediate_size * f)))
+    return cls(vocab_size=config.data.vocab_size, embedding_size=m.embedding_size, discriminator=disc,
+               generator=gen, max_position_embeddings=m.max_position_embeddings,
+               type_vocab_size=m.type_vocab_size, dropout_rate=m.dropout_rate,
+               attention_dropout_rate=m.attention_dropout_rate, initializer_range=m.initializer_range,
+               layer_norm_eps=m.layer_norm_eps, dtype=m.dtype, remat=m.remat,
+               embedding_sharing=config.objective.embedding_sharing)
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+
+def _init(config: ModelConfig, axes):
+  """A truncated-normal(σ=initializer_range) init annotated with logical axis names (sharding.py maps them)."""
+  return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
+
+
+def _dense(config: ModelConfig, features: int, axes, name: str) -> nn.Dense:
+  return nn.Dense(features, dtype=config.compute_dtype, kernel_init=_init(config, axes),
+                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[-1:]), name=name)
+
+
+def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.compute_dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
+
+
+class Embeddings(nn.Module):
+  """word + position + token-type embeddings → LayerNorm → dropout, at the embedding size.
+
+  With `gdes_base` (DeBERTa-v3's gradient-disentangled sharing) the word table is stop_gradient(base) plus a
+  zero-initialised delta, so the discriminator's loss never reaches the generator's table.
+  """
+  config: ModelConfig
+  gdes_delta: bool = False
+
+  def setup(self):
+    c = self.config
+    table_init = nn.initializers.zeros if self.gdes_delta else nn.initializers.normal(c.initializer_range)
+    self.word_embeddings = self.param(
+        "word_embeddings_delta" if self.gdes_delta else "word_embeddings",
+        nn.with_logical_partitioning(table_init, ("vocab", "embed")), (c.vocab_size, c.embedding_size))
+    self.position_embeddings = self.param(
+        "position_embeddings", _init(c, (None, "embed")), (c.max_position_embeddings, c.embedding_size))
+    self.token_type_embeddings = self.param(
+        "token_type_embeddings", _init(c, (None, "embed")), (c.type_vocab_size, c.embedding_size))
+    self.layer_norm = _layer_norm(c, "embed")
+    self.dropout = nn.Dropout(c.dropout_rate)
+
+  def table(self, gdes_base: Optional[jax.Array] = None) -> jax.Array:
+    if gdes_base is None:
+      return self.word_embeddings
+    return jax.lax.stop_gradient(gdes_base) + self.word_embeddings
+
+  def __call__(self, input_ids, segment_ids, *, deterministic: bool, gdes_base: Optional[jax.Array] = None):
+    dtype = self.config.compute_dtype
+    x = jnp.take(self.table(gdes_base), input_ids, axis=0)
+    x += self.position_embeddings[None, :input_ids.shape[1]]
+    x += jnp.take(self.token_type_embeddings, segment_ids, axis=0)
+    x = self.layer_norm(x.astype(dtype))
+    x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+    return self.dropout(x, deterministic=deterministic)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with a padding mask. Q, K, V are separate layers: slicing a fused QKV projection
+  costs extra copies in the backward pass, and HF's layout keeps them separate too."""
+  config: ModelConfig
+  encoder: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x, mask, *, deterministic: bool):
+    c, e = self.config, self.encoder
+    head_dim = e.hidden_size // e.num_heads
+    split = lambda t: t.reshape(t.shape[:2] + (e.num_heads, head_dim))
+    q = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "query")(x))
+    k = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "key")(x))
+    v = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
+    scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(c.compute_dtype)
+    probs = nn.Dropout(c.attention_dropout_rate)(probs, deterministic=deterministic)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(x.shape[:2] + (e.hidden_size,))
+    return _dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
+
+
+class EncoderLayer(nn.Module):
+  """One post-LayerNorm BERT layer: attention → add & norm → GELU FFN → add & norm."""
+  config: ModelConfig
+  encoder: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    c, e = self.config, self.encoder
+    drop = nn.Dropout(c.dropout_rate)
+    h = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
+    x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, deterministic=deterministic))
+    h = nn.gelu(_dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
+    h = _dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h)
+    x = _layer_norm(c, "hidden", "output_LayerNorm")(x + drop(h, deterministic=deterministic))
+    return nn.with_logical_constraint(x, ("batch", "length", "act_hidden"))
+
+
+class Encoder(nn.Module):
+  """embeddings_project (when embedding size ≠ hidden size) and the stack of layers of one network."""
+  config: ModelConfig
+  encoder: EncoderConfig
+
+  @nn.compact
+  def __call__(self, embedded, mask, *, deterministic: bool):
+    c, e = self.config, self.encoder
+    x = embedded
+    if c.embedding_size != e.hidden_size:
+      x = _dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
+    layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
+    for i in range(e.num_layers):
+      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic)
+    return x
+
+
+class MaskedLMHead(nn.Module):
+  """dense(embedding size) → GELU → LayerNorm → tied word table (transposed) + bias: HF's generator_predictions and
+  generator_lm_head. Called only at the gathered positions, never over every position of the sequence."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, h, table):
+    c = self.config
+    h = nn.gelu(_dense(c, c.embedding_size, ("hidden", "embed"), "dense")(h), approximate=False)
+    h = _layer_norm(c, "embed")(h)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (c.vocab_size,))
+    logits = jnp.einsum("...e,ve->...v", h, table.astype(h.dtype))
+    return logits.astype(jnp.float32) + bias
+
+
+class DiscriminatorHead(nn.Module):
+  """dense(hidden) → GELU → dense(1): one "was this token replaced?" logit per position."""
+  config: ModelConfig
+  hidden_size: int
+
+  @nn.compact
+  def __call__(self, h):
+    c = self.config
+    h = nn.gelu(_dense(c, self.hidden_size, ("hidden", "mlp"), "dense")(h), approximate=False)
+    return _dense(c, 1, ("mlp", None), "dense_prediction")(h)[..., 0].astype(jnp.float32)
+
+
+def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+  """x[b, positions[b, p]] for x of shape [B, L, ...] and positions [B, P]."""
+  return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+class Electra(nn.Module):
+  """Every parameter of an ELECTRA run, with one method per forward pass.
+
+  Parameter tree by embedding_sharing (the networks are `Encoder`s, the heads sit beside them):
+    shared: embeddings, generator, discriminator   (one embedding block serves both networks)
+    untied: generator_embeddings, discriminator_embeddings, generator, discriminator
+    gdes:   as untied, with discriminator_embeddings/word_embeddings_delta in place of its own word table
+    all:    embeddings, discriminator              (the generator *is* the discriminator's encoder)
+  plus generator_head (MLM), discriminator_head (replaced-token) and, when an objective trains the discriminator as
+  a masked LM (mlm, replace_mlm, all_tokens_mlm), discriminator_mlm_head. Only what a method uses is created at init,
+  so objective=mlm carries no generator.
+  """
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    if c.embedding_sharing in ("shared", "all"):
+      self.embeddings = Embeddings(c)
+    else:
+      self.generator_embeddings = Embeddings(c)
+      self.discriminator_embeddings = Embeddings(c, gdes_delta=c.embedding_sharing == "gdes")
+    self.discriminator = Encoder(c, c.discriminator)
+    if c.embedding_sharing != "all":
+      self.generator = Encoder(c, c.generator)
+    self.generator_head = MaskedLMHead(c)
+    self.discriminator_head = DiscriminatorHead(c, c.discriminator.hidden_size)
+    self.discriminator_mlm_head = MaskedLMHead(c)
+
+  def _encode(self, net: str, input_ids, segment_ids, deterministic: bool):
+    """Final hidden states of network `net` and the word table its tied output layer uses."""
+    c = self.config
+    if c.embedding_sharing in ("shared", "all"):
+      emb, base = self.embeddings, None
+    elif net == "generator":
+      emb, base = self.generator_embeddings, None
+    else:
+      emb = self.discriminator_embeddings
+      base = self.generator_embeddings.table() if c.embedding_sharing == "gdes" else None
+    x = emb(input_ids, segment_ids, deterministic=deterministic, gdes_base=base)
+    encoder = self.generator if net == "generator" and c.embedding_sharing != "all" else self.discriminator
+    # Both our SentencePiece models and Google's WordPiece vocabularies put [PAD] at id 0.
+    return encoder(x, input_ids != 0, deterministic=deterministic), emb.table(base)
+
+  def generator_logits(self, input_ids, segment_ids, positions, *, deterministic: bool = True):
+    """MLM logits [B, P, V] of the generator at `positions` [B, P] only."""
+    h, table = self._encode("generator", input_ids, segment_ids, deterministic)
+    return self.generator_head(gather_positions(h, positions), table)
+
+  def discriminator_logits(self, input_ids, segment_ids, *, deterministic: bool = True):
+    """Replaced-token logits [B, L] of the discriminator."""
+    h, _ = self._encode("discriminator", input_ids, segment_ids, deterministic)
+    return self.discriminator_head(h)
+
+  def discriminator_mlm_logits(self, input_ids, segment_ids, positions=None, *, copy: bool = False,
+                               deterministic: bool = True):
+    """The discriminator as a masked LM (BERT and the MLM ablations): logits [B, P, V] at `positions`, or [B, L, V]
+    at every position when None (All-Tokens MLM). With `copy`, also the copy-gate logits [B, L] of the
+    replaced-token head (the paper's copy mechanism for All-Tokens MLM)."""
+    h, table = self._encode("discriminator", input_ids, segment_ids, deterministic)
+    logits = self.discriminator_mlm_head(h if positions is None else gather_positions(h, positions), table)
+    return (logits, self.discriminator_head(h)) if copy else logits
+
+  def encode(self, input_ids, segment_ids, *, deterministic: bool = True):
+    """The discriminator's final hidden states [B, L, H]: what fine-tuning builds on."""
+    return self._encode("discriminator", input_ids, segment_ids, deterministic)[0]
+
+  def __call__(self, input_ids, segment_ids, positions, *, objective: str = "electra"):
+    """Used by init: touches exactly the parameters `objective` trains."""
+    if objective == "mlm":
+      return self.discriminator_mlm_logits(input_ids, segment_ids, positions)
+    g = self.generator_logits(input_ids, segment_ids, positions)
+    if objective == "replace_mlm":
+      return g, self.discriminator_mlm_logits(input_ids, segment_ids, positions)
+    if objective == "all_tokens_mlm":
+      return g, self.discriminator_mlm_logits(input_ids, segment_ids, None, copy=True)
+    return g, self.discriminator_logits(input_ids, segment_ids)
+
+
+def count_params(tree) -> int:
+  return sum(x.size for x in jax.tree_util.tree_leaves(tree))
