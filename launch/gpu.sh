@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Pre-train electra_jax on GPUs: one process per node drives all of that node's GPUs through the same mesh code as on
+# TPU; several nodes join through jax.distributed. Run with --help; docs/launch.md has the commands.
+set -euo pipefail
+
+PROG=gpu.sh
+LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=launch/common.sh
+source "$LAUNCH_DIR/common.sh"
+
+usage() {
+  cat <<EOF
+Usage: launch/gpu.sh --workdir DIR [flags] [-- electra-pretrain args]
+
+Starts electra-pretrain on this node. On several nodes, run it once per node with the same --num-nodes and
+--coordinator and that node's --node-rank (0 on the coordinator's node).
+
+Flags (environment variable in brackets):
+  --config FILE          config file [ELECTRA_CONFIG; default configs/small.py]
+  --workdir DIR          training directory; on several nodes a shared one (gs:// or a shared file system)
+                         [ELECTRA_WORKDIR]
+  --gpus 0,1,...         use only these GPUs of the node [default: all]
+  --num-nodes N          number of nodes [ELECTRA_NUM_NODES; default 1]
+  --node-rank R          this node's rank, 0..N-1 [ELECTRA_NODE_RANK]
+  --coordinator HOST:PORT
+                         address of node 0, reachable from every node [ELECTRA_COORDINATOR]
+  -n, --dry-run          print the command instead of running it
+  -h, --help             show this help
+EOF
+}
+
+NUM_NODES=${ELECTRA_NUM_NODES:-1}
+NODE_RANK=${ELECTRA_NODE_RANK:-}
+COORDINATOR=${ELECTRA_COORDINATOR:-}
+GPUS=""
+
+normalize_args "$@"
+set -- "${ARGS[@]}"
+while (($#)); do
+  case $1 in
+    --gpus) need_value "$@"; GPUS=$2; shift 2 ;;
+    --num-nodes) need_value "$@"; NUM_NODES=$2; shift 2 ;;
+    --node-rank) need_value "$@"; NODE_RANK=$2; shift 2 ;;
+    --coordinator) need_value "$@"; COORDINATOR=$2; shift 2 ;;
+    *) parse_common_flag "$@"; shift "$CONSUMED" ;;
+  esac
+done
+
+[[ -n $WORKDIR ]] || die "no workdir: pass --workdir=DIR (or set ELECTRA_WORKDIR)"
+[[ -z $GPUS || $GPUS =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--gpus takes GPU indices like 0,1,2,3, not $GPUS"
+[[ $NUM_NODES =~ ^[1-9][0-9]*$ ]] || die "--num-nodes must be a positive whole number, not $NUM_NODES"
+
+# JAX preallocates 75% of each GPU; the trainer is alone on them, so 90% leaves room for larger batches while keeping
+# headroom for cuDNN/NCCL workspaces, which live outside JAX's pool. A value already in the environment wins.
+envs=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}")
+# The latency-hiding scheduler overlaps the data/fsdp collectives (gradient reduce, parameter gather) with compute.
+# Flags already in XLA_FLAGS come after, so they win. XLA aborts on flags it does not know: check before adding more.
+envs+=("XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true${XLA_FLAGS:+ $XLA_FLAGS}")
+[[ -z $GPUS ]] || envs+=("CUDA_VISIBLE_DEVICES=$GPUS")
+if ((NUM_NODES > 1)); then
+  if ! [[ $NODE_RANK =~ ^[0-9]+$ ]] || ((NODE_RANK >= NUM_NODES)); then
+    die "--node-rank must be this node's rank, 0..$((NUM_NODES - 1)), not '$NODE_RANK'"
+  fi
+  [[ $COORDINATOR =~ ^[^:]+:[0-9]+$ ]] || die "--coordinator must be HOST:PORT of node 0, not '$COORDINATOR'"
+  # Read by electra-pretrain, which passes them to jax.distributed.initialize().
+  envs+=("JAX_COORDINATOR_ADDRESS=$COORDINATOR" "JAX_NUM_PROCESSES=$NUM_NODES" "JAX_PROCESS_ID=$NODE_RANK")
+elif [[ -n $NODE_RANK || -n $COORDINATOR ]]; then
+  die "--node-rank and --coordinator need --num-nodes greater than 1"
+fi
+
+cmd=(env "${envs[@]}" electra-pretrain --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA[@]}")
+if ((DRY_RUN)); then
+  shell_join "${cmd[@]}"
+else
+  require_command electra-pretrain "install the package first: pip install -e ."
+  exec "${cmd[@]}"  # exec, so a scheduler's SIGTERM reaches the trainer itself
+fi
