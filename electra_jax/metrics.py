@@ -1,0 +1,110 @@
+"""What a run reports: metrics.jsonl (one JSON object per logged step), TensorBoard scalars, and the FLOP/MFU
+accounting shared by training and the benchmark.
+
+FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
+  6 · N_matmul · tokens for each network's dense layers (embedding lookups are gathers, not matmuls),
+  + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
+  + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
+    (All-Tokens MLM applies it at every position).
+"""
+import json
+import os
+
+import jax
+import numpy as np
+
+from electra_jax import modeling, objectives
+
+# Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
+PEAK_FLOPS = {
+    "TPU v2": 22.5e12,
+    "TPU v3": 61.5e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+    "Tesla V100": 125e12,
+}
+
+TRAIN_FIELDS = ("step", "loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy", "replaced_fraction",
+                "learning_rate", "grad_norm", "tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")
+
+
+def peak_flops(device=None):
+  """The device's peak, or None where unknown (CPUs)."""
+  kind = (device or jax.devices()[0]).device_kind
+  return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
+
+
+def _encoder_flops(mc: modeling.ModelConfig, e: modeling.EncoderConfig, batch: int, seq_len: int) -> float:
+  per_layer = 4 * e.hidden_size ** 2 + 2 * e.hidden_size * e.intermediate_size
+  matmul = e.num_layers * per_layer + (mc.embedding_size * e.hidden_size if mc.embedding_size != e.hidden_size else 0)
+  return 6 * matmul * batch * seq_len + 12 * e.num_layers * seq_len ** 2 * e.hidden_size * batch
+
+
+def _mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> float:
+  return 6 * (hidden * mc.embedding_size + mc.embedding_size * mc.vocab_size) * positions
+
+
+def train_flops(mc: modeling.ModelConfig, objective: str, mask_prob: float, batch: int, seq_len: int) -> float:
+  """FLOPs of one training step of `objective` at global batch × seq_len (see the module docstring)."""
+  d, g = mc.discriminator, mc.generator
+  masked = batch * objectives.max_predictions(mask_prob, seq_len)
+  flops = _encoder_flops(mc, d, batch, seq_len)
+  if objective == "mlm":
+    return flops + _mlm_head_flops(mc, d.hidden_size, masked)
+  flops += _encoder_flops(mc, g, batch, seq_len) + _mlm_head_flops(mc, g.hidden_size, masked)
+  if objective == "replace_mlm":
+    return flops + _mlm_head_flops(mc, d.hidden_size, masked)
+  if objective == "all_tokens_mlm":
+    return flops + _mlm_head_flops(mc, d.hidden_size, batch * seq_len) + 6 * d.hidden_size ** 2 * batch * seq_len
+  return flops + 6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len  # discriminator head
+
+
+def throughput(step_flops: float, tokens: int, seconds: float) -> dict:
+  """tokens/s, TFLOP/s per device and MFU (None where the peak is unknown) over `seconds`."""
+  per_device = step_flops / seconds / jax.device_count()
+  peak = peak_flops()
+  return dict(tokens_per_sec=tokens / seconds, tflops_per_device=per_device / 1e12,
+              mfu=None if peak is None else per_device / peak)
+
+
+def _jsonable(v):
+  if v is None:
+    return None
+  v = float(np.asarray(v))
+  return v if np.isfinite(v) else None
+
+
+class Writer:
+  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard. Only process 0
+  writes; other processes get a no-op writer."""
+
+  def __init__(self, workdir: str):
+    self.active = jax.process_index() == 0
+    if not self.active:
+      return
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    os.makedirs(workdir, exist_ok=True)
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, scalars: dict):
+    if not self.active:
+      return
+    record = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items() if k != "step"}}
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    for k, v in record.items():
+      if k != "step" and v is not None:
+        self._tb.add_scalar(k, v, step)
+    self._tb.flush()
+
+  def close(self):
+    if self.active:
+      self._jsonl.close()
+      self._tb.close()

@@ -1,0 +1,71 @@
+"""The device mesh and every sharding of a run, declared once.
+
+Parameters carry logical axis names (modeling.py); RULES maps them onto the mesh axes ("data", "fsdp"). The batch is
+split over both axes; weights are split over "fsdp" (ZeRO-3 style: XLA gathers them where a layer needs them). A
+dimension that does not divide evenly stays replicated, so odd vocabularies never break a mesh.
+"""
+import jax
+import flax.linen as nn
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp")
+BATCH = ("data", "fsdp")
+
+RULES = (
+    ("batch", BATCH),
+    ("vocab", "fsdp"),
+    ("hidden", "fsdp"),
+    ("embed", None),
+    ("mlp", None),
+    ("qkv", None),
+    ("length", None),
+    ("act_embed", None),
+    ("act_hidden", None),
+)
+
+
+def create_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  fsdp = mesh_config.fsdp
+  data = mesh_config.data if mesh_config.data != -1 else len(devices) // max(fsdp, 1)
+  if data * fsdp != len(devices):
+    raise ValueError(f"mesh data={mesh_config.data} x fsdp={fsdp} does not match the {len(devices)} devices "
+                     "(set mesh.data=-1 to use all devices not taken by fsdp)")
+  # Auto axes: stock Flax layers rely on sharding propagation, not explicit-sharding types.
+  return jax.make_mesh((data, fsdp), MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def check_batch(global_batch: int, mesh: Mesh):
+  n = mesh.shape["data"] * mesh.shape["fsdp"]
+  if global_batch % n or global_batch % jax.process_count():
+    raise ValueError(f"train.batch_size={global_batch} is not divisible by the {n} data-parallel devices "
+                     f"and {jax.process_count()} processes")
+
+
+def _fit(spec: P, shape, mesh: Mesh) -> P:
+  """Drop mesh axes from dimensions they do not divide."""
+  axes = []
+  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = (axis,) if isinstance(axis, str) else (axis or ())
+    size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+    axes.append(axis if dim % size == 0 else None)
+  return P(*axes)
+
+
+def tree_shardings(abstract_boxed_tree, mesh: Mesh):
+  """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape)."""
+  specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
+  shapes = nn.meta.unbox(abstract_boxed_tree)
+  return jax.tree.map(lambda s, x: NamedSharding(mesh, _fit(s, x.shape, mesh)), specs, shapes,
+                      is_leaf=lambda s: isinstance(s, P))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())

@@ -1,0 +1,102 @@
+"""Tokenizers: train a SentencePiece unigram model with ELECTRA's fixed special ids, or load one (or a WordPiece vocab).
+
+Our SentencePiece models always have [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. [CLS]/[SEP]/[MASK] are control
+symbols, so no plain text ever encodes to them. A BERT/ELECTRA WordPiece `vocab.txt` (Google's checkpoints) keeps its
+own ids. No TensorFlow here: the model side and the data workers import this module.
+"""
+import io
+import os
+import uuid
+from typing import Iterable
+
+import sentencepiece as spm
+from etils import epath
+
+from electra_jax.special_ids import SpecialIds
+
+SPECIAL_TOKENS = SpecialIds(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
+
+
+class Tokenizer:
+  """Text <-> ids without special tokens; `special_ids` says where [CLS]/[SEP]/... live in this vocabulary."""
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    data = epath.Path(self.path).read_bytes()  # gs:// works too
+    if self.path.endswith(".txt"):
+      self._init_wordpiece(data)
+    else:
+      self._sp = spm.SentencePieceProcessor(model_proto=data)
+      self.vocab_size = self._sp.get_piece_size()
+      self.special_ids = SpecialIds(*(self._sp.piece_to_id(t) for t in SPECIAL_TOKENS))
+      if list(self.special_ids) != list(range(5)):
+        raise ValueError(f"{self.path}: special tokens must have ids 0-4, found {self.special_ids}")
+
+  def _init_wordpiece(self, data: bytes):
+    from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+
+    vocab = {tok: i for i, tok in enumerate(data.decode("utf-8").splitlines())}
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+      raise ValueError(f"{self.path}: WordPiece vocab lacks {missing}")
+    # Google's vocab files are uncased unless their name says otherwise.
+    lowercase = "uncased" in self.path or "cased" not in self.path
+    self._wp = BertWordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=lowercase)
+    self.vocab_size = len(vocab)
+    self.special_ids = SpecialIds(*(vocab[t] for t in SPECIAL_TOKENS))
+    self._sp = None
+
+  def encode(self, text: str) -> list[int]:
+    if self._sp is not None:
+      return self._sp.encode(text)
+    return self._wp.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    if self._sp is not None:
+      return self._sp.encode(texts)
+    return [e.ids for e in self._wp.encode_batch(texts, add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    ids = [int(i) for i in ids]
+    if self._sp is not None:
+      return self._sp.decode(ids)
+    return self._wp.decode(ids, skip_special_tokens=False)
+
+  def normalize(self, text: str) -> str:
+    """The text as the tokenizer sees it (NFKC, folded spaces): what decode(encode(text)) gives back."""
+    if self._sp is not None:
+      return self._sp.normalize(text)
+    return self._wp.normalizer.normalize_str(text)
+
+  def check_vocab_size(self, vocab_size: int):
+    if self.vocab_size != vocab_size:
+      raise ValueError(f"tokenizer {self.path} has {self.vocab_size} tokens but data.vocab_size is {vocab_size}; "
+                       f"set --config.data.vocab_size={self.vocab_size} or use a matching tokenizer")
+
+
+def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, max_sentences: int = 1_000_000,
+                        num_threads: int | None = None) -> Tokenizer:
+  """Trains a unigram model on (at most `max_sentences` of) `sentences` and writes it to `path` atomically."""
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_writer=model,
+      model_type="unigram",
+      vocab_size=vocab_size,
+      pad_id=0, pad_piece=SPECIAL_TOKENS.pad,
+      unk_id=1, unk_piece=SPECIAL_TOKENS.unk,
+      bos_id=-1, eos_id=-1,
+      control_symbols=[SPECIAL_TOKENS.cls, SPECIAL_TOKENS.sep, SPECIAL_TOKENS.mask],  # ids 2, 3, 4
+      byte_fallback=True,  # no [UNK] for rare characters, so decoding gives the text back
+      input_sentence_size=max_sentences,
+      shuffle_input_sentence=True,
+      num_threads=num_threads or os.cpu_count(),
+      minloglevel=2,
+  )
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  # Write next to the target, then rename: a crash never leaves a half-written model behind.
+  tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+  tmp.write_bytes(model.getvalue())
+  tmp.rename(path)
+  return Tokenizer(os.fspath(path))

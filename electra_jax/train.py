@@ -1,0 +1,181 @@
+"""The train state, the one pure train step, its jit over the mesh, and the pre-training loop."""
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+
+from electra_jax import metrics as metrics_lib
+from electra_jax import modeling, objectives, optim, sharding
+from electra_jax.special_ids import SpecialIds
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def train_step(state: TrainState, batch, rng, *, model, tx, objective, special):
+  """mask → G → sample → stop_gradient → D → loss → one optax update of G and D together. Pure: the step's
+  randomness is `rng` folded with the step number."""
+  step_rng = jax.random.fold_in(rng, state.step)
+
+  def loss_fn(params):
+    return objectives.compute_loss(model, params, batch, step_rng, objective, special)
+
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params, batch, rng, *, model, objective, special):
+  """The loss and metrics on held-out data, dropout off, with a fixed rng so every evaluation masks alike."""
+  loss, metrics = objectives.compute_loss(model, params, batch, rng, objective, special, deterministic=True)
+  return dict(metrics, loss=loss)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything compiled for one config on one mesh: the model, the optimiser, the shardings and the jitted steps."""
+  config: ml_collections.ConfigDict
+  model: modeling.Electra
+  special: SpecialIds
+  mesh: jax.sharding.Mesh
+  schedule: optax.Schedule
+  state_sharding: Any
+  batch_sharding: jax.sharding.NamedSharding
+  init: Callable[[jax.Array], TrainState]
+  step: Callable
+  eval: Callable
+
+  @property
+  def step_flops(self) -> float:
+    c = self.config
+    return metrics_lib.train_flops(self.model.config, c.objective.name, c.objective.mask_prob, c.train.batch_size,
+                                   c.data.seq_len)
+
+
+def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None) -> Experiment:
+  if config.objective.name not in objectives.OBJECTIVES:
+    raise ValueError(f"objective.name={config.objective.name!r}: expected one of {', '.join(objectives.OBJECTIVES)}")
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+  mesh = sharding.create_mesh(config.mesh, devices)
+  sharding.check_batch(config.train.batch_size, mesh)
+  tx, schedule = optim.create(config.train)
+  seq_len = config.data.seq_len
+  dummy_ids = jnp.ones((1, seq_len), jnp.int32)
+  dummy_positions = jnp.zeros((1, objectives.max_predictions(config.objective.mask_prob, seq_len)), jnp.int32)
+
+  def init_boxed(rng):
+    params = model.init(rng, dummy_ids, jnp.zeros_like(dummy_ids), dummy_positions,
+                        objective=config.objective.name)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  state_sharding = sharding.tree_shardings(jax.eval_shape(init_boxed, jax.random.key(0)), mesh)
+  batch_sharding = sharding.batch_sharding(mesh)
+  rep = sharding.replicated(mesh)
+  init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sharding)
+  kw = dict(model=model, objective=config.objective, special=special)
+  step = jax.jit(functools.partial(train_step, tx=tx, **kw),
+                 in_shardings=(state_sharding, batch_sharding, rep), out_shardings=(state_sharding, rep),
+                 donate_argnums=(0,))
+  evaluate = jax.jit(functools.partial(eval_step, **kw),
+                     in_shardings=(state_sharding.params, batch_sharding, rep), out_shardings=rep)
+  return Experiment(config, model, special, mesh, schedule, state_sharding, batch_sharding, init, step, evaluate)
+
+
+def evaluate(exp: Experiment, params, batches) -> dict:
+  """Mean metrics over `batches`, with the discriminator's precision and recall on replaced tokens."""
+  rng = jax.random.key(exp.config.train.seed + 1)
+  totals, n = {}, 0
+  for batch in batches:
+    out = jax.device_get(exp.eval(params, batch, rng))
+    for k, v in out.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+    n += 1
+  if not n:
+    return {}
+  result = {k: v / n for k, v in totals.items() if not k.startswith("disc_") or k in ("disc_loss", "disc_accuracy")}
+  if "disc_true_positives" in totals:
+    result["disc_precision"] = totals["disc_true_positives"] / max(totals["disc_predicted_positives"], 1.0)
+    result["disc_recall"] = totals["disc_true_positives"] / max(totals["disc_label_positives"], 1.0)
+  return {f"eval_{k}": v for k, v in result.items()}
+
+
+def _write_config(workdir: str, config: ml_collections.ConfigDict):
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+  """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/); resumes from the
+  latest checkpoint there if any."""
+  # TensorFlow lives only in the data code; import it here so the model and step never need it.
+  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
+  prepared = prepare.load(config)
+  exp = create(config, prepared.special_ids)
+  _write_config(workdir, config)
+  ckpt = checkpoints.Checkpointer(workdir, config)
+  seed = config.train.seed
+  if ckpt.latest_step() is not None:
+    state, data_state = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(seed)),
+                                                          exp.state_sharding))
+    logging.info("Resumed from step %d", int(state.step))
+  else:
+    state, data_state = exp.init(jax.random.key(seed)), None
+  train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
+  step_rng = jax.random.fold_in(jax.random.key(seed), 1)
+  writer = metrics_lib.Writer(workdir)
+  tokens_per_step = config.train.batch_size * config.data.seq_len
+  num_steps = config.train.num_steps
+
+  start = int(state.step)
+  bar = tqdm(total=num_steps, initial=start, desc="pre-training", unit="step", dynamic_ncols=True,
+             disable=jax.process_index() != 0)
+  t0 = last_time = time.time()
+  last_step, previous = start, None
+  for step in range(start + 1, num_steps + 1):
+    batch = input_pipeline.to_global(next(train_iter), exp.batch_sharding)
+    state, step_metrics = exp.step(state, batch, step_rng)
+    # Keep at most two steps in flight: enough to overlap host and device, and multi-process CPU needs the sync.
+    if previous is not None:
+      jax.block_until_ready(previous)
+    previous = step_metrics
+    bar.update()
+    eval_now = step % config.train.eval_every == 0 or step == num_steps
+    if step % config.train.log_every == 0 or eval_now:
+      scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
+                 k in ("disc_loss", "disc_accuracy")}
+      now = time.time()
+      scalars.update(metrics_lib.throughput(exp.step_flops, tokens_per_step * (step - last_step), now - last_time))
+      scalars.update(learning_rate=exp.schedule(step - 1), elapsed_s=now - t0)
+      if eval_now:
+        scalars.update(evaluate(exp, state.params, (input_pipeline.to_global(b, exp.batch_sharding) for b in
+                                                    input_pipeline.validation_batches(config, prepared))))
+      writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
+      bar.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
+      last_step, last_time = step, time.time()
+    ckpt.save(step, state, train_iter.get_state(), force=step == num_steps)
+  bar.close()
+  ckpt.close()
+  writer.close()
+  return state
