@@ -98,5 +98,5 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
   # Write next to the target, then rename: a crash never leaves a half-written model behind.
   tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
   tmp.write_bytes(model.getvalue())
-  tmp.rename(path)
+  tmp.replace(path)
   return Tokenizer(os.fspath(path))

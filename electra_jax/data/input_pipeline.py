@@ -1,0 +1,128 @@
+"""Per-host input: this host's shard of the prepared dataset, shuffled, repeated, batched, prefetched; and `to_global`,
+the one place where host numpy becomes global jax arrays.
+
+The dataset is array_record, read by random access (tfds data_source). Batch b of a host is a pure function of
+(seed, host shard, b): the host's stream is epoch after epoch of its examples, each epoch in its own seeded
+permutation, cut into consecutive batches. So the iterator's whole state is {"step": b}, restoring is O(1), and a
+resumed run sees bit-identical batches. (A tf.data iterator checkpoint stores its shuffle buffer; `skip` re-reads the
+stream: see docs/data.md for the measurements.)
+"""
+import concurrent.futures
+import functools
+from typing import Iterator
+
+import jax
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+tf.config.set_visible_devices([], "GPU")  # TensorFlow never sees the accelerators (it cannot hide TPUs: tensorflow-cpu)
+
+FEATURES = ("input_ids", "segment_ids")
+
+
+def shard_bounds(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
+  """This host's contiguous [start, stop) of a split: disjoint, covering, sizes differing by at most one."""
+  q, r = divmod(num_examples, process_count)
+  start = process_index * q + min(process_index, r)
+  return start, start + q + (process_index < r)
+
+
+class _Reader:
+  """Examples of one split by index, parsed a batch at a time."""
+
+  def __init__(self, dataset_dir: str, split: str):
+    builder = tfds.builder_from_directory(dataset_dir)
+    self.seq_len = builder.info.features["input_ids"].shape[0]
+    self.num_examples = builder.info.splits[split].num_examples
+    self._source = builder.as_data_source(split=split).data_source  # raw records: one vectorised parse per batch
+    self._spec = {k: tf.io.FixedLenFeature([self.seq_len], tf.int64) for k in FEATURES}
+
+  def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    parsed = tf.io.parse_example(self._source.__getitems__(indices.tolist()), self._spec)
+    return {k: parsed[k].numpy().astype(np.int32) for k in FEATURES}
+
+
+class TrainIterator:
+  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size, seq_len]. Restorable by get_state()."""
+
+  def __init__(self, dataset_dir: str, batch_size: int, seed: int, process_index: int, process_count: int,
+               state: dict | None = None, split: str = "train", num_threads: int = 2, prefetch: int = 4):
+    self._reader = _Reader(dataset_dir, split)
+    self._start, stop = shard_bounds(self._reader.num_examples, process_index, process_count)
+    self._size = stop - self._start
+    if self._size < batch_size:
+      raise ValueError(f"{split} shard of host {process_index} has {self._size} examples, fewer than one batch "
+                       f"({batch_size}); prepare more data")
+    self._batch_size = batch_size
+    self._seed = (seed, process_index, process_count)
+    self._step = int((state or {}).get("step", 0))
+    self._permutation = functools.lru_cache(maxsize=2)(self._permutation)  # a batch needs at most two epochs
+    self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and the parse release the GIL
+    self._pending = [self._pool.submit(self._batch, self._step + i) for i in range(prefetch)]
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng((*self._seed, epoch)).permutation(self._size)
+
+  def _batch(self, step: int) -> dict[str, np.ndarray]:
+    positions = np.arange(step * self._batch_size, (step + 1) * self._batch_size)
+    epochs, offsets = np.divmod(positions, self._size)
+    indices = np.empty_like(positions)
+    for epoch in np.unique(epochs):  # a batch spans at most two epochs
+      where = epochs == epoch
+      indices[where] = self._permutation(int(epoch))[offsets[where]]
+    return self._reader.read(self._start + indices)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = self._pending.pop(0).result()
+    self._pending.append(self._pool.submit(self._batch, self._step + len(self._pending) + 1))
+    self._step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    """How many batches were handed out; TrainIterator(..., state=this) continues with the next one."""
+    return {"step": self._step}
+
+  def close(self):
+    self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  return (jax.process_index() if process_index is None else process_index,
+          jax.process_count() if process_count is None else process_count)
+
+
+def _per_host(batch_size: int, process_count: int) -> int:
+  if batch_size % process_count:
+    raise ValueError(f"train.batch_size={batch_size} is not divisible by the {process_count} hosts")
+  return batch_size // process_count
+
+
+def train_iterator(config, prepared, state: dict | None = None, process_index: int | None = None,
+                   process_count: int | None = None) -> TrainIterator:
+  """This host's training batches (global train.batch_size / process_count each), from `state` if given."""
+  index, count = _hosts(process_index, process_count)
+  return TrainIterator(prepared.dataset_dir, _per_host(config.train.batch_size, count), config.train.seed, index,
+                       count, state=state)
+
+
+def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
+                       num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """This host's validation batches in a fixed order, once: the same number on every host (at most
+  `num_batches`, default train.eval_batches; 0 = all full batches)."""
+  index, count = _hosts(process_index, process_count)
+  batch_size = _per_host(config.train.batch_size, count)
+  reader = _Reader(prepared.dataset_dir, "validation")
+  start, _ = shard_bounds(reader.num_examples, index, count)
+  available = reader.num_examples // count // batch_size  # the smallest shard's full batches: equal on all hosts
+  num_batches = config.train.eval_batches if num_batches is None else num_batches
+  for b in range(min(num_batches, available) if num_batches else available):
+    yield reader.read(np.arange(start + b * batch_size, start + (b + 1) * batch_size))
+
+
+def to_global(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+  """Per-host numpy batch -> global jax arrays, laid out by `sharding` (batch axis split over hosts and devices)."""
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
