@@ -1,0 +1,72 @@
+"""Masking, sampling and labels of objectives.py on many sequences."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from electra_jax import objectives
+from electra_jax.special_ids import SpecialIds
+
+SPECIAL = SpecialIds()
+VOCAB = 1000
+
+
+def _batch(rng, batch=512, seq_len=128):
+  """[CLS] A [SEP] B [SEP] then padding, with ragged lengths."""
+  ids = rng.integers(5, VOCAB, (batch, seq_len)).astype(np.int32)
+  lengths = rng.integers(seq_len // 4, seq_len + 1, batch)
+  for i, n in enumerate(lengths):
+    ids[i, 0] = SPECIAL.cls
+    ids[i, n // 2] = SPECIAL.sep
+    ids[i, n - 1] = SPECIAL.sep
+    ids[i, n:] = SPECIAL.pad
+  return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("mask_prob", [0.15, 0.25])
+def test_masking_statistics(mask_prob):
+  ids = _batch(np.random.default_rng(0))
+  m = objectives.mask_tokens(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB)
+  ids, masked, pos, w = map(np.asarray, (ids, m.input_ids, m.positions, m.weights))
+  chosen = np.zeros(ids.shape, bool)
+  np.put_along_axis(chosen, pos, w > 0, axis=1)
+  candidates = (ids != SPECIAL.pad) & (ids != SPECIAL.cls) & (ids != SPECIAL.sep)
+  assert not (chosen & ~candidates).any(), "chose [CLS], [SEP] or padding"
+  assert (chosen.sum(1) <= objectives.max_predictions(mask_prob, ids.shape[1])).all()
+  assert abs(chosen.sum() / candidates.sum() - mask_prob) <= 0.01
+  # Targets are the original ids at the chosen positions; nothing outside them changes.
+  np.testing.assert_array_equal(np.take_along_axis(ids, pos, 1)[w > 0], m.targets[w > 0])
+  assert (masked[~chosen] == ids[~chosen]).all()
+  mask_fraction = (masked[chosen] == SPECIAL.mask).mean()
+  assert abs(mask_fraction - 0.85) < 0.02
+  assert (masked[chosen & (masked != SPECIAL.mask)] == ids[chosen & (masked != SPECIAL.mask)]).all(), \
+      "ELECTRA keeps the other 15% unchanged (no random tokens)"
+
+
+def test_bert_recipe_80_10_10():
+  ids = _batch(np.random.default_rng(1))
+  m = objectives.mask_tokens(jax.random.key(1), ids, SPECIAL, 0.15, VOCAB, bert_recipe=True)
+  w = np.asarray(m.weights) > 0
+  new = np.take_along_axis(np.asarray(m.input_ids), np.asarray(m.positions), 1)[w]
+  orig = np.asarray(m.targets)[w]
+  assert abs((new == SPECIAL.mask).mean() - 0.8) < 0.02
+  assert abs(((new != SPECIAL.mask) & (new != orig)).mean() - 0.1) < 0.02
+  assert abs((new == orig).mean() - 0.1) < 0.02
+
+
+def test_gumbel_sampling_follows_softmax_and_temperature():
+  logits = jnp.log(jnp.array([0.7, 0.2, 0.1]))[None].repeat(20000, 0)
+  draws = np.asarray(objectives.gumbel_sample(jax.random.key(0), logits, 1.0))
+  np.testing.assert_allclose(np.bincount(draws, minlength=3) / draws.size, [0.7, 0.2, 0.1], atol=0.015)
+  cold = np.asarray(objectives.gumbel_sample(jax.random.key(1), logits, 0.05))
+  assert (cold == 0).mean() > 0.99
+
+
+def test_disc_loss_counts():
+  logits = jnp.array([[3.0, -3.0, 3.0, -3.0]])
+  labels = jnp.array([[True, True, False, False]])
+  loss, acc, counts = objectives.disc_loss(logits, labels, jnp.ones((1, 4)))
+  assert float(acc) == pytest.approx(0.5)
+  assert float(counts["disc_true_positives"]) == 1 and float(counts["disc_predicted_positives"]) == 2
+  expected = -np.mean(np.log(jax.nn.sigmoid(np.array([3.0, -3.0, 3.0, -3.0]) * np.array([1, 1, -1, -1]))))
+  assert float(loss) == pytest.approx(expected, rel=1e-5)
