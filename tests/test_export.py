@@ -1,0 +1,191 @@
+"""HF transformers export/import: numeric parity both ways on real tokenized text, tokenizer parity, loud errors."""
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from electra_jax import checkpoints, export, modeling, train
+from electra_jax import tokenizer as tokenizer_lib
+from tests import helpers
+from tests.helpers import sp_model  # pylint: disable=unused-import  (a fixture)
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-5
+
+
+def _sentences(n):
+  return helpers.sotu_sentences()[:n]
+
+
+def _batch(tok, sentences, seq_len):
+  """[CLS] A [SEP] B [SEP] pairs of consecutive real sentences, 0-padded: ids, segment ids."""
+  s = tok.special_ids
+  ids = np.zeros((len(sentences) // 2, seq_len), np.int32)
+  seg = np.zeros_like(ids)
+  for row, (a, b) in enumerate(zip(sentences[::2], sentences[1::2])):
+    a, b = tok.encode(a)[:seq_len // 2 - 2], tok.encode(b)[:seq_len // 2 - 1]
+    x = [s.cls] + a + [s.sep] + b + [s.sep]
+    ids[row, :len(x)] = x
+    seg[row, len(a) + 2:len(x)] = 1
+  return ids, seg
+
+
+def _ours(config, params, ids, seg):
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+  v = {"params": params}
+  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  return (np.asarray(model.apply(v, ids, seg, method=model.discriminator_logits)),
+          np.asarray(model.apply(v, ids, seg, positions, method=model.generator_logits)),
+          np.asarray(model.apply(v, ids, seg, method=model.encode)))
+
+
+def _theirs(out_dir, ids, seg):
+  kw = dict(input_ids=torch.tensor(ids, dtype=torch.long), token_type_ids=torch.tensor(seg, dtype=torch.long),
+            attention_mask=torch.tensor(ids != 0, dtype=torch.long))
+  outs = []
+  for cls, path in ((transformers.ElectraForPreTraining, out_dir),
+                    (transformers.ElectraForMaskedLM, os.path.join(out_dir, "generator")),
+                    (transformers.ElectraModel, out_dir)):
+    model, info = cls.from_pretrained(path, output_loading_info=True)
+    # No missing or mismatched weights; the bare encoder leaves only the discriminator head unused.
+    head = {k for k in info["unexpected_keys"] if k.startswith("discriminator_predictions.")}
+    assert not any(info.values()) or (cls is transformers.ElectraModel and head == info.pop("unexpected_keys")
+                                      and not any(info.values())), (cls.__name__, info)
+    with torch.no_grad():
+      out = model.eval()(**kw)
+    outs.append((out.last_hidden_state if cls is transformers.ElectraModel else out.logits).numpy())
+  return outs
+
+
+def _assert_parity(ours, theirs, ids):
+  real = ids != 0
+  for name, a, b in zip(("discriminator", "generator", "hidden"), ours, theirs):
+    err = np.abs(a - b)[real].max()
+    assert err <= TOL, f"{name} logits differ by {err}"
+
+
+@pytest.mark.parametrize("sharing", ["shared", "gdes", "untied", "all"])
+def test_export_parity(sharing, sp_model, tmp_path):
+  config = helpers.tiny_config(sp_model, sharing)
+  params = helpers.random_params(config)
+  export.export(config, params, str(tmp_path / "hf"))
+  assert sorted(os.listdir(tmp_path)) == ["hf"]  # the temporary directory was renamed, not left behind
+  tok = tokenizer_lib.Tokenizer(sp_model)
+  ids, seg = _batch(tok, _sentences(16), config.data.seq_len)
+  _assert_parity(_ours(config, params, ids, seg), _theirs(str(tmp_path / "hf"), ids, seg), ids)
+  if sharing == "shared":  # our own export imports back bit-exactly
+    config2, params2 = export.import_hf(str(tmp_path / "hf"))
+    assert config2.objective.embedding_sharing == "shared"
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), params2)
+
+
+def test_hf_tokenizer_matches_ours(sp_model, tmp_path):
+  export.save_tokenizer(sp_model, str(tmp_path), 512)
+  hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  tok = tokenizer_lib.Tokenizer(sp_model)
+  s = tok.special_ids
+  lines = helpers.sotu_lines()
+  assert len(lines) > 5000
+  got = hf(lines)["input_ids"]
+  assert [i for i, (g, e) in enumerate(zip(got, tok.encode_batch(lines))) if g != [s.cls] + e + [s.sep]] == []
+  a, b = lines[::2], lines[1::2]
+  enc = hf(a[:len(b)], b)
+  for x, y, ids, types in zip(a, b, enc["input_ids"], enc["token_type_ids"]):
+    ex, ey = tok.encode(x), tok.encode(y)
+    assert ids == [s.cls] + ex + [s.sep] + ey + [s.sep]
+    assert types == [0] * (len(ex) + 2) + [1] * (len(ey) + 1)
+
+
+def _wordpiece_vocab(path):
+  """A real WordPiece vocab.txt trained on the speeches, specials at 0-4 as in Google's."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  wp = BertWordPieceTokenizer(lowercase=True)
+  wp.train_from_iterator(helpers.sotu_lines()[:3000], vocab_size=1500,
+                         special_tokens=list(tokenizer_lib.SPECIAL_TOKENS))
+  vocab = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
+  path.write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+  return len(vocab)
+
+
+def _random_hf(cls, config, seed):
+  torch.manual_seed(seed)
+  model = cls(config).eval()
+  with torch.no_grad():  # LayerNorms start at 1/0 and biases at 0: perturb everything so parity means something
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  return model
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_import_hf_parity(shared, tmp_path):
+  """A randomly built HF ELECTRA (WordPiece vocab, generator beside it) imported into ours gives the same logits."""
+  hf_dir = tmp_path / "electra-hf"
+  hf_dir.mkdir()
+  vocab_size = _wordpiece_vocab(hf_dir / "vocab.txt")
+  size = dict(vocab_size=vocab_size, embedding_size=32, num_hidden_layers=2, intermediate_size=128,
+              max_position_embeddings=128, hidden_act="gelu")
+  disc = _random_hf(transformers.ElectraForPreTraining,
+                    transformers.ElectraConfig(hidden_size=64, num_attention_heads=2, **size), 0)
+  gen = _random_hf(transformers.ElectraForMaskedLM,
+                   transformers.ElectraConfig(hidden_size=32, num_attention_heads=1, **dict(size, intermediate_size=64)),
+                   1)
+  if shared:
+    gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())
+  disc.save_pretrained(hf_dir)
+  gen.save_pretrained(hf_dir / "generator")
+
+  config, params = export.import_hf(str(hf_dir))
+  assert config.objective.embedding_sharing == ("shared" if shared else "untied")
+  tok = tokenizer_lib.Tokenizer(config.data.tokenizer)
+  ids, seg = _batch(tok, _sentences(16), 64)
+  assert (ids == 1).mean() < 0.05  # real words, not [UNK]
+  _assert_parity(_ours(config, params, ids, seg), _theirs(str(hf_dir), ids, seg), ids)
+  # The imported params are a full pre-training state: train.create(config) accepts them as they are.
+  shapes = jax.eval_shape(train.create(config).init, jax.random.key(0)).params
+  assert jax.tree.structure(shapes) == jax.tree.structure(params)
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "electra_jax.export", *args], cwd=ROOT, capture_output=True,
+                        text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+
+
+def test_cli_exports_a_workdir_and_refuses_to_overwrite(sp_model, tmp_path):
+  config = helpers.tiny_config(sp_model, "shared")
+  params = helpers.save_workdir(config, str(tmp_path / "run"), step=7)
+  out = tmp_path / "export"
+  r = _cli(f"--workdir={tmp_path / 'run'}", f"--output={out}")
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "sentencepiece.model",
+          "generator"} <= set(os.listdir(out))
+  tok = tokenizer_lib.Tokenizer(sp_model)
+  ids, seg = _batch(tok, _sentences(8), 64)
+  _assert_parity(_ours(config, params, ids, seg), _theirs(str(out), ids, seg), ids)
+
+  before = sorted(os.listdir(out))
+  r = _cli(f"--workdir={tmp_path / 'run'}", f"--output={out}")
+  assert r.returncode != 0 and re.search(r"error: .*export exists; pass --overwrite", r.stderr)
+  assert sorted(os.listdir(out)) == before
+
+
+def test_errors_are_one_line(sp_model, tmp_path):
+  (tmp_path / "empty").mkdir()
+  config = helpers.tiny_config(sp_model, "shared")
+  train._write_config(str(tmp_path / "empty"), config)  # pylint: disable=protected-access
+  with pytest.raises(FileNotFoundError, match="has no checkpoint"):
+    checkpoints.load_params(str(tmp_path / "empty"))
+  r = _cli(f"--workdir={tmp_path / 'empty'}", f"--output={tmp_path / 'out'}")
+  assert r.returncode != 0 and "has no checkpoint" in r.stderr.strip().splitlines()[-1]
+  assert not (tmp_path / "out").exists()
+
+  config.data.vocab_size = 1999
+  with pytest.raises(ValueError, match="has 2000 tokens but the model's vocabulary has 1999"):
+    export.export(config, helpers.random_params(config), str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
