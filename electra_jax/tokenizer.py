@@ -65,7 +65,7 @@ class Tokenizer:
   def normalize(self, text: str) -> str:
     """The text as the tokenizer sees it (NFKC, folded spaces): what decode(encode(text)) gives back."""
     if self._sp is not None:
-      return self._sp.normalize(text)
+      return self._sp.normalize(text).replace("\u2581", " ").strip()  # U+2581 is SentencePiece's space
     return self._wp.normalizer.normalize_str(text)
 
   def check_vocab_size(self, vocab_size: int):

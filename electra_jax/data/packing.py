@@ -4,8 +4,9 @@ Per document, lines are tokenized and accumulated until they reach a target leng
 length in [5, seq_len]); then the example is [CLS] A [SEP] B [SEP]: sentences go to A until it holds about half the
 target (10% of the time everything goes to A, a single-segment example), the rest to B. The end of a document flushes.
 Tokens past seq_len are cut, as in the official builder: the truncation this module counts. Unlike the official
-builder, a line longer than seq_len - 2 tokens (which it would cut to one example, dropping the rest) is split into
-pieces of half a target, which pack like ordinary sentences.
+builder, a line longer than one example (seq_len - 2 tokens), which it would cut to one example and drop the rest of,
+is split: the pending sentences are flushed, full single-segment examples are cut from the line, and its remainder
+packs as an ordinary sentence.
 
 Randomness comes from (seed, document index), so the output does not depend on how many worker processes run.
 No TensorFlow here: this module is what the worker processes import.
@@ -38,14 +39,17 @@ class PackedDocument:
 def pack_document(doc: corpus_lib.Document, tok: tokenizer_lib.Tokenizer, seq_len: int, seed: int) -> PackedDocument:
   rng = random.Random(f"{seed}/{doc.index}")
   cls, sep = tok.special_ids.cls, tok.special_ids.sep
-  piece = (seq_len - 3) // 2
   examples, truncated = [], 0
+
+  def emit(first, second=()):
+    ids = [cls, *first, sep] + ([*second, sep] if second else [])
+    examples.append((ids, [0] * (len(first) + 2) + [1] * (len(ids) - len(first) - 2)))
 
   def random_target():
     return rng.randint(5, seq_len) if rng.random() < 0.05 else seq_len
 
-  def make_example(sentences, target):
-    nonlocal truncated
+  def flush():
+    nonlocal sentences, length, target, truncated
     first_target = 100_000 if rng.random() < 0.1 else (target - 3) // 2
     first, second = [], []
     for s in sentences:
@@ -59,22 +63,26 @@ def pack_document(doc: corpus_lib.Document, tok: tokenizer_lib.Tokenizer, seq_le
     first = first[:seq_len - 2]
     second = second[:max(0, seq_len - len(first) - 3)]
     truncated += total - len(first) - len(second)
-    ids = [cls] + first + [sep] + (second + [sep] if second else [])
-    segments = [0] * (len(first) + 2) + [1] * (len(ids) - len(first) - 2)
-    examples.append((ids, segments))
+    emit(first, second)
+    sentences, length, target = [], 0, random_target()
 
   sentences, length, target = [], 0, random_target()
   all_ids = tok.encode_batch(doc.lines)
   for ids in all_ids:
-    pieces = [ids[i:i + piece] for i in range(0, len(ids), piece)] if len(ids) > seq_len - 2 else [ids]
-    for p in pieces:
-      sentences.append(p)
-      length += len(p)
-      if length >= target:
-        make_example(sentences, target)
-        sentences, length, target = [], 0, random_target()
+    if len(ids) > seq_len - 2:  # longer than one example: whole single-segment examples, the rest packs as usual
+      if sentences:
+        flush()
+      while len(ids) > seq_len - 2:
+        emit(ids[:seq_len - 2])
+        ids = ids[seq_len - 2:]
+      if not ids:
+        continue
+    sentences.append(ids)
+    length += len(ids)
+    if length >= target:
+      flush()
   if sentences:
-    make_example(sentences, target)
+    flush()
 
   input_ids = np.zeros((len(examples), seq_len), np.int32)
   segment_ids = np.zeros((len(examples), seq_len), np.int32)
