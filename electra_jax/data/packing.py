@@ -12,6 +12,7 @@ Randomness comes from (seed, document index), so the output does not depend on h
 No TensorFlow here: this module is what the worker processes import.
 """
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import multiprocessing
@@ -114,12 +115,14 @@ def pack_documents(docs: Iterable[corpus_lib.Document], tokenizer_path: str, seq
     for task in tasks:
       yield from _pack(task)
     return
-  # spawn, not fork: the parent has TensorFlow's threads running.
-  with multiprocessing.get_context("spawn").Pool(num_workers, _init_worker, (tokenizer_path, seq_len, seed)) as pool:
+  # spawn, not fork: the parent has TensorFlow's threads running. An executor, not a Pool: a worker that dies raises
+  # BrokenProcessPool instead of hanging.
+  with concurrent.futures.ProcessPoolExecutor(num_workers, multiprocessing.get_context("spawn"), _init_worker,
+                                              (tokenizer_path, seq_len, seed)) as pool:
     pending = collections.deque()
-    for task in tasks:  # Pool.imap would read the whole corpus ahead; keep a few tasks per worker in flight
-      pending.append(pool.apply_async(_pack, (task,)))
+    for task in tasks:  # bounded read-ahead: a few tasks per worker in flight, not the whole corpus
+      pending.append(pool.submit(_pack, task))
       if len(pending) > 4 * num_workers:
-        yield from pending.popleft().get()
+        yield from pending.popleft().result()
     while pending:
-      yield from pending.popleft().get()
+      yield from pending.popleft().result()
