@@ -20,7 +20,6 @@ from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.special_ids import SpecialIds
 
 
-
 @dataclasses.dataclass(frozen=True)
 class PreparedData:
   dataset_dir: str  # the TFDS builder directory (tfds.builder_from_directory reads it)
