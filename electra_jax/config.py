@@ -62,6 +62,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       eval_batches=10,
       checkpoint_every=5000,
       keep_checkpoints=3,
+      debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(
       text_files="",  # glob(s) of local text, comma-separated; blank line or new file = new document
@@ -74,7 +75,6 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       vocab_size=30522,
       seq_len=128,
       validation_fraction=0.01,
-      shuffle_buffer=10_000,
       max_documents=0,  # 0 = all; cap the corpus for quick runs
       tokenizer_sentences=1_000_000,  # SentencePiece trains on at most this many sentences (the corpus's first)
       seed=0,  # packing randomness (segment split, short examples); fixed so prepared data is reproducible
