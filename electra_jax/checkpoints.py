@@ -1,44 +1,181 @@
-"""Orbax checkpoints of a pre-training workdir: the train state, the input position and the config, saved together
-under <workdir>/checkpoints/<step>/ so a run resumes exactly where it stopped."""
+"""Orbax checkpoints of a pre-training workdir, the checks that keep a workdir one run's, and the params-only export.
+
+<workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
+(the input position, the batch size and host count it counts in, the tokenizer's fingerprint), `rng` (the step rng's
+key data) and `config`. Saves are asynchronous and atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it
+once complete, so a kill at any moment leaves the earlier checkpoints intact; the next start deletes the leftovers.
+Restoring places every array with the current mesh's shardings, so a run resumes on another device count.
+
+A params-only export (`export_params`) is a directory with config.json and params/ (an Orbax checkpoint of the
+Electra parameter tree: both networks and their heads, no optimiser state); `load_params` reads it like a workdir.
+"""
+import hashlib
 import json
 import os
+import re
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+ITEMS = ("state", "data", "rng", "config")
+# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
+# difference means another run, which resuming would silently mix in.
+RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "mesh.", "model.remat",
+                  "data.data_dir", "data.num_workers")
+
+
+class Restored(NamedTuple):
+  state: Any
+  data_state: dict  # the input iterator's position, in this run's batch size
+  rng: jax.Array | None  # None for checkpoints written without one
+  config: dict  # the config the checkpoint was written with
+
+
+def _path(workdir: str) -> str:
+  return workdir if "://" in workdir else os.path.abspath(workdir)
+
+
+def fingerprint(path: str) -> str:
+  """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
+  return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
 
 
 class Checkpointer:
-  """Saves every train.checkpoint_every steps (asynchronously), keeps the last train.keep_checkpoints."""
+  """Saves every train.checkpoint_every steps (asynchronously), keeps the last train.keep_checkpoints; every process
+  must call save and close (Orbax coordinates the hosts)."""
 
-  def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None):
     self.config = config
+    self.directory = os.path.join(_path(workdir), "checkpoints")
+    self.last_saved = None
+    self._tokenizer = fingerprint(tokenizer_path) if tokenizer_path else None
     self._manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints"),
-        options=ocp.CheckpointManagerOptions(max_to_keep=config.train.keep_checkpoints,
-                                             save_interval_steps=config.train.checkpoint_every,
-                                             enable_async_checkpointing=True),
-        item_names=("state", "data", "config"))
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=config.train.keep_checkpoints, enable_async_checkpointing=True, cleanup_tmp_directories=True,
+            # Every checkpoint_every steps and at a preemption; not Orbax's default extra save at a run's first step.
+            save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
+                ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
+                ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])),
+        item_handlers=dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
+                           rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler()))
 
   def latest_step(self):
     return self._manager.latest_step()
 
-  def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
-    return self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state),
-        config=ocp.args.JsonSave(json.loads(self.config.to_json()))), force=force)
+  def should_save(self, step: int) -> bool:
+    """Whether `save(step, ...)` would save: the interval is due, or the hosts reached a preemption sync point."""
+    return self._manager.should_save(step)
 
-  def restore(self, abstract_state, step=None):
-    """(state, data_state) of `step` (default: the latest), placed with the shardings of `abstract_state`."""
+  def save(self, step: int, state, data_state: dict, force: bool = False, rng: jax.Array | None = None) -> bool:
+    """Starts saving in the background (a failed earlier save raises here); True if this step is being saved."""
+    data = dict(position=data_state, batch_size=self.config.train.batch_size, processes=jax.process_count(),
+                tokenizer_sha256=self._tokenizer)
+    rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
+    try:
+      saved = self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
+          config=ocp.args.JsonSave(json.loads(self.config.to_json()))), force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    if saved:
+      self.last_saved = step
+    return saved
+
+  def restore(self, abstract_state, step: int | None = None) -> Restored:
+    """The checkpoint at `step` (default: the latest), its arrays placed with the shardings of `abstract_state` (the
+    current mesh). Raises a one-line ValueError when it cannot continue this run's model or tokenizer."""
     step = self._manager.latest_step() if step is None else step
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    return restored.state, restored.data
+    where = f"checkpoint {os.path.join(self.directory, str(step))}"
+    try:
+      saved = self._manager.restore(step, args=ocp.args.Composite(
+          data=ocp.args.JsonRestore(), rng=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+      saved_state = self._manager.item_metadata(step).state
+    except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many kinds)
+      raise _unreadable(where, e) from e
+    self._check_model(where, saved_state, abstract_state, saved.config)
+    if self._tokenizer and saved.data.get("tokenizer_sha256") not in (None, self._tokenizer):
+      raise ValueError(f"{where} was trained with another tokenizer (their SHA-256 differ): resume with the "
+                       f"tokenizer and data.* settings it was trained with (data.tokenizer was "
+                       f"{saved.config['data']['tokenizer'] or 'trained by electra-prepare'!r})")
+    try:
+      state = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state))).state
+    except Exception as e:  # pylint: disable=broad-except
+      raise _unreadable(where, e) from e
+    rng = None if saved.rng is None else jax.random.wrap_key_data(np.asarray(saved.rng, np.uint32))
+    return Restored(state, self._position(saved.data, step), rng, saved.config)
+
+  def _check_model(self, where: str, saved_tree, abstract_state, saved_config: dict):
+    """A clear error when the checkpoint holds another model than this run builds (Orbax's would name one array)."""
+    saved = _shapes(saved_tree)
+    wanted = _shapes(abstract_state)
+    if saved == wanted:
+      return
+    vocab = saved_config["data"]["vocab_size"]
+    if vocab != self.config.data.vocab_size:
+      raise ValueError(f"{where} has a {vocab}-token vocabulary but this run's tokenizer and model have "
+                       f"{self.config.data.vocab_size} (data.vocab_size): resume with the tokenizer it was trained "
+                       "with")
+    key = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
+    raise ValueError(f"{where} holds a model of other shapes than this config builds (e.g. {key}: {saved.get(key)} "
+                     f"saved, {wanted.get(key)} here): resume with the model.* settings it was written with, or use "
+                     "a new --workdir")
+
+  def _position(self, saved: dict, step: int) -> dict:
+    """The input position in this run's batches; a changed batch size or host count continues approximately."""
+    position = dict(saved.get("position") or {})
+    old, new = saved.get("batch_size", self.config.train.batch_size), self.config.train.batch_size
+    if old != new and "step" in position:
+      seen = position["step"] * old
+      position["step"] = seen // new
+      logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
+                      "%d examples already seen (at batch %d of %d), and the learning-rate schedule continues at "
+                      "step %d", old, new, step, seen, position["step"], new, step)
+    if saved.get("processes", jax.process_count()) != jax.process_count():
+      logging.warning("The checkpoint was written by %d processes, this run has %d: each host's input shard changed, "
+                      "so the input order after step %d differs from an uninterrupted run", saved["processes"],
+                      jax.process_count(), step)
+    return position
 
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for the pending save; raises if it failed."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    finally:
+      self._manager.close()
+
+  def _save_error(self, e: Exception) -> OSError:
+    """The failed save's temporary directory is removed now (Orbax would at the next start): nothing half-written."""
+    if jax.process_index() == 0:
+      for tmp in epath.Path(self.directory).glob("*.orbax-checkpoint-tmp*"):
+        tmp.rmtree()
+    return OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}); the earlier checkpoints "
+                   "are intact: free space or fix the cause, then re-run to resume")
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _unreadable(where: str, e: Exception) -> ValueError:
+  return ValueError(f"{where} is unreadable ({_first_line(e)}): delete it to resume from the one before, or use a "
+                    "new --workdir")
+
+
+def _shapes(tree) -> dict:
+  """{'params.discriminator.layer_0...': shape}: the same names for a TrainState and Orbax's metadata tree."""
+  return {".".join(re.findall(r"\w+", jax.tree_util.keystr(k))): tuple(v.shape)
+          for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def abstract(tree, shardings):
@@ -46,24 +183,127 @@ def abstract(tree, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+# --- The workdir -----------------------------------------------------------------------------------------------------
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+  """'key: old -> new' for every key both configs have that differs, except RESUMABLE_KEYS."""
+  old, new = _flat(old), _flat(new)
+  return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
+          if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]
+
+
+def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
+  """Before anything is written: the workdir can be written, and holds no other run unless `allow_config_change`."""
+  if "://" not in workdir:
+    existing = os.path.abspath(workdir)
+    while not os.path.exists(existing):
+      existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+      raise NotADirectoryError(f"workdir {workdir} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+      raise PermissionError(f"workdir {workdir} is not writable (no write access to {existing})")
+  if not epath.Path(workdir, "config.json").exists():
+    return
+  changes = config_changes(load_config(workdir).to_dict(), json.loads(config.to_json()))
+  if changes and not allow_config_change:
+    raise ValueError(f"workdir {workdir} holds another run (its config.json differs: {'; '.join(changes)}): use a "
+                     "new --workdir, or pass --allow_config_change to continue it with this config")
+  if changes:
+    logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
+
+
+def rewind_metrics(workdir: str, step: int):
+  """Drops metrics.jsonl records past `step` (and a line cut by a kill), so a resumed run logs each step once."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if jax.process_index() != 0 or not os.path.exists(path):
+    return
+  kept = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        if json.loads(line)["step"] <= step:
+          kept.append(line)
+      except (ValueError, KeyError):
+        pass
+  _write_atomically(path, "".join(kept))
+
+
+def _write_atomically(path: str, text: str):
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict):
+  """<workdir>/config.json, written atomically by process 0."""
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    _write_atomically(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+
+
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a pre-training run wrote to <workdir>/config.json."""
+  """The resolved config a pre-training run (or a params-only export) wrote to <dir>/config.json."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir} is not a pre-training workdir: {path} is missing")
-  with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  try:
+    with open(path, encoding="utf-8") as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except ValueError as e:
+    raise ValueError(f"{path} is not a valid config ({e})") from e
 
 
-def load_params(workdir: str, step=None):
-  """(config, params) of a pre-training workdir's checkpoint at `step` (default: the latest), on this host's
-  devices: what export and fine-tuning start from."""
+# --- Params for fine-tuning ------------------------------------------------------------------------------------------
+
+def _abstract_state(config):
+  """The TrainState a config builds, as restore targets on this host's devices."""
   from electra_jax import train  # pylint: disable=g-import-not-at-top
-  config = load_config(workdir)
-  ckpt = Checkpointer(workdir, config)
-  if ckpt.latest_step() is None:
-    raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
   exp = train.create(config)
-  state, _ = ckpt.restore(abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding), step)
-  ckpt.close()
-  return config, state.params
+  return abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding)
+
+
+def load_params(workdir: str, step: int | None = None):
+  """(config, params) of a pre-training workdir's checkpoint at `step` (default: the latest), or of a params-only
+  export directory (`step` ignored), on this host's devices: what export and fine-tuning start from."""
+  config = load_config(workdir)
+  target = _abstract_state(config)
+  if os.path.isdir(os.path.join(workdir, "params")):
+    with ocp.StandardCheckpointer() as ckptr:
+      return config, ckptr.restore(os.path.join(_path(workdir), "params"), target.params)
+  # Only open a manager on an existing directory: Orbax would create it.
+  ckpt = Checkpointer(workdir, config) if os.path.isdir(os.path.join(workdir, "checkpoints")) else None
+  try:
+    if ckpt is None or ckpt.latest_step() is None:
+      raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
+    return config, ckpt.restore(target, step).state.params
+  finally:
+    if ckpt:
+      ckpt.close()
+
+
+def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
+  """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
+  params/ (Orbax), nothing else; all or nothing (written beside it, then renamed). Run it on one host."""
+  if os.path.exists(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+  config, params = load_params(workdir, step)
+  out = os.path.abspath(out_dir)
+  tmp = f"{out}.tmp-{os.getpid()}"
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(tmp, "params"), params)
+  write_config(tmp, config)
+  if os.path.exists(out):
+    epath.Path(out).rmtree()
+  os.replace(tmp, out)
+  return out

@@ -1,8 +1,7 @@
 """The train state, the one pure train step, its jit over the mesh, and the pre-training loop."""
 import dataclasses
 import functools
-import json
-import os
+import math
 import time
 from typing import Any, Callable
 
@@ -14,8 +13,8 @@ import ml_collections
 import optax
 from absl import logging
 
+from electra_jax import checkpoints, modeling, objectives, optim, preemption, sharding
 from electra_jax import metrics as metrics_lib
-from electra_jax import modeling, objectives, optim, sharding
 from electra_jax.special_ids import SpecialIds
 
 
@@ -26,13 +25,17 @@ class TrainState:
   opt_state: Any
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx, objective, special):
+def train_step(state: TrainState, batch, rng, *, model, tx, objective, special, nan_at_step=0):
   """mask → G → sample → stop_gradient → D → loss → one optax update of G and D together. Pure: the step's
-  randomness is `rng` folded with the step number."""
+  randomness is `rng` folded with the step number. `nan_at_step` (train.debug_nan_at_step) makes the loss of that
+  step NaN, to test the loop's guard."""
   step_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params):
-    return objectives.compute_loss(model, params, batch, step_rng, objective, special)
+    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special)
+    if nan_at_step:
+      loss *= jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
+    return loss, metrics
 
   (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -89,7 +92,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   rep = sharding.replicated(mesh)
   init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sharding)
   kw = dict(model=model, objective=config.objective, special=special)
-  step = jax.jit(functools.partial(train_step, tx=tx, **kw),
+  step = jax.jit(functools.partial(train_step, tx=tx, nan_at_step=config.train.debug_nan_at_step, **kw),
                  in_shardings=(state_sharding, batch_sharding, rep), out_shardings=(state_sharding, rep),
                  donate_argnums=(0,))
   evaluate = jax.jit(functools.partial(eval_step, **kw),
@@ -115,67 +118,100 @@ def evaluate(exp: Experiment, params, batches) -> dict:
   return {f"eval_{k}": v for k, v in result.items()}
 
 
-def _write_config(workdir: str, config: ml_collections.ConfigDict):
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
+# tests/helpers.py writes workdirs through this name.
+_write_config = checkpoints.write_config
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/); resumes from the
-  latest checkpoint there if any."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> TrainState:
+  """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/), resuming from the
+  latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
+  or gradient (never saving it). Bad input raises ValueError/OSError before anything is written."""
+  _check_loop_config(config.train)
+  checkpoints.check_workdir(workdir, config, allow_config_change)
   # TensorFlow lives only in the data code; import it here so the model and step never need it.
   from electra_jax import prepare  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
   prepared = prepare.load(config)
   exp = create(config, prepared.special_ids)
+  ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
+  state, data_state, rng = _restore_or_init(exp, ckpt)
+  start, num_steps = int(state.step), config.train.num_steps
+  if start > num_steps:
+    raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
+                     "--config.train.num_steps to continue it")
   _write_config(workdir, config)
-  ckpt = checkpoints.Checkpointer(workdir, config)
-  seed = config.train.seed
-  if ckpt.latest_step() is not None:
-    state, data_state = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(seed)),
-                                                          exp.state_sharding))
-    logging.info("Resumed from step %d", int(state.step))
-  else:
-    state, data_state = exp.init(jax.random.key(seed)), None
+  checkpoints.rewind_metrics(workdir, start)
   train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
-  step_rng = jax.random.fold_in(jax.random.key(seed), 1)
   writer = metrics_lib.Writer(workdir)
   tokens_per_step = config.train.batch_size * config.data.seq_len
-  num_steps = config.train.num_steps
 
-  start = int(state.step)
   bar = tqdm(total=num_steps, initial=start, desc="pre-training", unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
   t0 = last_time = time.time()
   last_step, previous = start, None
-  for step in range(start + 1, num_steps + 1):
-    batch = input_pipeline.to_global(next(train_iter), exp.batch_sharding)
-    state, step_metrics = exp.step(state, batch, step_rng)
-    # Keep at most two steps in flight: enough to overlap host and device, and multi-process CPU needs the sync.
-    if previous is not None:
-      jax.block_until_ready(previous)
-    previous = step_metrics
-    bar.update()
-    eval_now = step % config.train.eval_every == 0 or step == num_steps
-    if step % config.train.log_every == 0 or eval_now:
-      scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
-                 k in ("disc_loss", "disc_accuracy")}
-      now = time.time()
-      scalars.update(metrics_lib.throughput(exp.step_flops, tokens_per_step * (step - last_step), now - last_time))
-      scalars.update(learning_rate=exp.schedule(step - 1), elapsed_s=now - t0)
-      if eval_now:
-        scalars.update(evaluate(exp, state.params, (input_pipeline.to_global(b, exp.batch_sharding) for b in
-                                                    input_pipeline.validation_batches(config, prepared))))
-      writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
-      bar.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
-      last_step, last_time = step, time.time()
-    ckpt.save(step, state, train_iter.get_state(), force=step == num_steps)
-  bar.close()
-  ckpt.close()
-  writer.close()
+  with preemption.Watcher() as watcher:
+    try:
+      for step in range(start + 1, num_steps + 1):
+        batch = input_pipeline.to_global(next(train_iter), exp.batch_sharding)
+        state, step_metrics = exp.step(state, batch, rng)
+        # Keep at most two steps in flight: enough to overlap host and device, and multi-process CPU needs the sync.
+        if previous is not None:
+          _check_finite(step - 1, previous, ckpt)
+        previous = step_metrics
+        bar.update()
+        stop = watcher.reached(step)
+        eval_now = step % config.train.eval_every == 0 or step == num_steps
+        if step % config.train.log_every == 0 or eval_now:
+          _check_finite(step, step_metrics, ckpt)
+          scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
+                     k in ("disc_loss", "disc_accuracy")}
+          now = time.time()
+          scalars.update(metrics_lib.throughput(exp.step_flops, tokens_per_step * (step - last_step), now - last_time))
+          scalars.update(learning_rate=exp.schedule(step - 1), elapsed_s=now - t0)
+          if eval_now:
+            scalars.update(evaluate(exp, state.params, (input_pipeline.to_global(b, exp.batch_sharding) for b in
+                                                        input_pipeline.validation_batches(config, prepared))))
+          writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
+          bar.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
+          last_step, last_time = step, time.time()
+        if stop or step == num_steps or ckpt.should_save(step):
+          _check_finite(step, step_metrics, ckpt)  # never save a NaN state
+          ckpt.save(step, state, train_iter.get_state(), force=True, rng=rng)
+        if stop:
+          logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
+                          watcher.signal or "a preemption notice", step, ckpt.directory)
+          break
+    finally:
+      bar.close()
+      train_iter.close()
+      writer.close()
+      ckpt.close()
   return state
+
+
+def _check_loop_config(train_config: ml_collections.ConfigDict):
+  for key in ("num_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    if train_config[key] < 1:
+      raise ValueError(f"train.{key}={train_config[key]} must be at least 1")
+
+
+def _check_finite(step: int, step_metrics: dict, ckpt: checkpoints.Checkpointer):
+  loss, grad_norm = (float(v) for v in jax.device_get((step_metrics["loss"], step_metrics["grad_norm"])))
+  if not math.isfinite(loss) or not math.isfinite(grad_norm):
+    kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
+    raise FloatingPointError(f"loss={loss} grad_norm={grad_norm} at step {step}: stopped without saving it; the last "
+                             f"good checkpoint is kept (step {kept} under {ckpt.directory})" if kept else
+                             f"loss={loss} grad_norm={grad_norm} at step {step}: stopped (no checkpoint yet)")
+
+
+def _restore_or_init(exp: Experiment, ckpt: checkpoints.Checkpointer):
+  """(state, input position, rng) from the latest checkpoint on the current mesh, or fresh from train.seed."""
+  seed = exp.config.train.seed
+  rng = jax.random.fold_in(jax.random.key(seed), 1)
+  if ckpt.latest_step() is None:
+    return exp.init(jax.random.key(seed)), None, rng
+  restored = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(seed)), exp.state_sharding))
+  logging.info("Resumed from step %d onto a %s mesh", int(restored.state.step), dict(exp.mesh.shape))
+  return restored.state, restored.data_state, rng if restored.rng is None else restored.rng
