@@ -59,6 +59,7 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=config.train.keep_checkpoints, enable_async_checkpointing=True, cleanup_tmp_directories=True,
+            create=False,  # the first save creates the directory: a run that fails its checks writes nothing
             # Every checkpoint_every steps and at a preemption; not Orbax's default extra save at a run's first step.
             save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
                 ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
@@ -136,7 +137,7 @@ class Checkpointer:
       seen = position["step"] * old
       position["step"] = seen // new
       logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
-                      "%d examples already seen (at batch %d of %d), and the learning-rate schedule continues at "
+                      "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
                       "step %d", old, new, step, seen, position["step"], new, step)
     if saved.get("processes", jax.process_count()) != jax.process_count():
       logging.warning("The checkpoint was written by %d processes, this run has %d: each host's input shard changed, "
@@ -281,15 +282,13 @@ def load_params(workdir: str, step: int | None = None):
   if os.path.isdir(os.path.join(workdir, "params")):
     with ocp.StandardCheckpointer() as ckptr:
       return config, ckptr.restore(os.path.join(_path(workdir), "params"), target.params)
-  # Only open a manager on an existing directory: Orbax would create it.
-  ckpt = Checkpointer(workdir, config) if os.path.isdir(os.path.join(workdir, "checkpoints")) else None
+  ckpt = Checkpointer(workdir, config)
   try:
-    if ckpt is None or ckpt.latest_step() is None:
+    if ckpt.latest_step() is None:
       raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
     return config, ckpt.restore(target, step).state.params
   finally:
-    if ckpt:
-      ckpt.close()
+    ckpt.close()
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:

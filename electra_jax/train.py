@@ -141,9 +141,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, allow_co
   if start > num_steps:
     raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
                      "--config.train.num_steps to continue it")
+  train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
+  # Every check passed: only now is anything written.
   _write_config(workdir, config)
   checkpoints.rewind_metrics(workdir, start)
-  train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
   writer = metrics_lib.Writer(workdir)
   tokens_per_step = config.train.batch_size * config.data.seq_len
 

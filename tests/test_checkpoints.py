@@ -1,16 +1,13 @@
-"""Checkpoints and fault tolerance, end to end with the real electra-pretrain in subprocesses on tiny real data.
+"""Checkpoints and fault tolerance, end to end with the real electra-pretrain on tiny real data.
 
 One straight run of N steps is the reference. A second run is killed (SIGKILL right after a checkpoint, SIGKILL in
 the middle of an async save, SIGKILL at seeded random steps), stopped (SIGTERM) and resumed each time by the same
-command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row. Subprocesses
-share a JAX compilation cache, so only the first one compiles the step.
+command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row.
 """
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -18,75 +15,35 @@ import numpy as np
 import pytest
 
 from electra_jax import checkpoints, train
+from tests import pretrain_cli as cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
 TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
-RUN_FLAGS = (f"--config.train.num_steps={N}", "--config.train.checkpoint_every=2", "--config.train.log_every=1",
-             "--config.train.eval_every=1000", "--config.train.keep_checkpoints=3")
+RUN = (f"--config.train.num_steps={N}", "--config.train.checkpoint_every=2", "--config.train.log_every=1",
+       "--config.train.eval_every=1000", "--config.train.keep_checkpoints=3")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jit")),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-
-
-def _cmd(config, workdir, *flags):
-  return [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
-          f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *RUN_FLAGS, *flags]
-
-
-def _start(env, config, workdir, *flags):
-  """The run in the background (no `timeout` wrapper: the signals must reach it; _wait kills it when it hangs), its
-  output in a new <workdir>.<n>.log (Orbax logs a lot: a pipe could fill up)."""
-  n = sum(f.startswith(os.path.basename(workdir) + ".") for f in os.listdir(os.path.dirname(workdir)))
-  log = f"{workdir}.{n}.log"
-  with open(log, "w", encoding="utf-8") as f:
-    proc = subprocess.Popen(_cmd(config, workdir, *flags), cwd=ROOT, env=env, stdout=f, stderr=f, text=True)
-  proc.log = log
-  return proc
-
-
-def _log(proc):
-  with open(proc.log, encoding="utf-8") as f:
-    return f.read()
-
-
-def _run(env, config, workdir, *flags, **kw):
-  return subprocess.run(["timeout", "-k", "10", "420", *_cmd(config, workdir, *flags)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, check=False, **kw)
-
-
-def _steps(workdir):
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(l)["step"] for l in f if l.endswith("\n")]
-
-
-def _checkpoints(workdir):
-  path = os.path.join(workdir, "checkpoints")
-  return sorted(os.listdir(path)) if os.path.isdir(path) else []
+  return cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
 
 
 def _training(proc, workdir):
-  """The steps the run logged since it started (metrics.jsonl is rewound to the restored step before the bar)."""
-  return _steps(workdir) if "pre-training" in _log(proc) else []
+  """The steps a run logged, once it is training (metrics.jsonl is rewound to the restored step before its bar)."""
+  return cli.logged_steps(workdir) if "pre-training" in cli.log(proc) else []
 
 
 def _wait(proc, until, what, timeout=300):
   deadline = time.time() + timeout
   while not until():
-    assert proc.poll() is None, f"exited (rc={proc.returncode}) before {what}: {_log(proc)[-2000:]}"
+    assert proc.poll() is None, f"exited (rc={proc.returncode}) before {what}: {cli.log(proc)[-2000:]}"
     if time.time() > deadline:
       proc.kill()
       raise AssertionError(f"timed out waiting for {what}")
     time.sleep(0.005)
 
 
-def _kill(proc, sig=signal.SIGKILL):
+def _signal(proc, sig=signal.SIGKILL):
   proc.send_signal(sig)
   return proc.wait(timeout=120)
 
@@ -101,19 +58,20 @@ def _params(workdir, step=None):
 
 
 def _assert_same_params(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.fixture(scope="module")
 def straight(tiny_data, env, tmp_path_factory):
-  """N steps in one go, started at once; `result()` waits for it: the reference every resumed run must match."""
+  """N steps in one go, started at once; calling it waits: the reference every resumed run must match."""
   config, _ = tiny_data
   workdir = tmp_path_factory.mktemp("straight") / "run"
-  proc = _start(env, config, workdir)
+  proc = cli.start(env, config, workdir, *RUN)
 
   def result():
-    assert proc.wait(timeout=420) == 0, _log(proc)[-3000:]
+    assert proc.wait(timeout=420) == 0, cli.log(proc)[-3000:]
     return workdir
   yield result
   proc.kill()
@@ -124,43 +82,112 @@ def test_kills_and_sigterm_resume_exactly(tiny_data, env, straight, tmp_path):
   workdir = str(tmp_path / "run")
 
   # SIGKILL right after the first checkpoint is complete.
-  proc = _start(env, config, workdir)
-  _wait(proc, lambda: "2" in _checkpoints(workdir), "checkpoint 2")
-  _kill(proc)
+  proc = cli.start(env, config, workdir, *RUN)
+  _wait(proc, lambda: "2" in cli.checkpoint_dirs(workdir), "checkpoint 2")
+  _signal(proc)
 
   # SIGKILL while an async save is being written: Orbax's temporary directory is there, the step is not.
-  proc = _start(env, config, workdir)
-  _wait(proc, lambda: any(".orbax-checkpoint-tmp" in c for c in _checkpoints(workdir)), "a save in progress")
-  _kill(proc)
-  in_progress = [c for c in _checkpoints(workdir) if ".orbax-checkpoint-tmp" in c]
+  proc = cli.start(env, config, workdir, *RUN)
+  _wait(proc, lambda: any(".orbax-checkpoint-tmp" in c for c in cli.checkpoint_dirs(workdir)), "a save in progress")
+  _signal(proc)
+  in_progress = [c for c in cli.checkpoint_dirs(workdir) if ".orbax-checkpoint-tmp" in c]
   assert in_progress, "the save finished before the kill"
-  assert in_progress[0].split(".")[0] not in _checkpoints(workdir)
+  assert in_progress[0].split(".")[0] not in cli.checkpoint_dirs(workdir)
 
   # SIGTERM: finish the step, save it, exit 0.
-  proc = _start(env, config, workdir)
+  proc = cli.start(env, config, workdir, *RUN)
   _wait(proc, lambda: max(_training(proc, workdir) or [0]) > 2, "a step after the resume")
-  assert _kill(proc, signal.SIGTERM) == 0, _log(proc)[-3000:]
-  stopped = max(_steps(workdir))
-  assert f"Stopped by SIGTERM after step {stopped}" in _log(proc)
-  assert str(stopped) in _checkpoints(workdir)
+  assert _signal(proc, signal.SIGTERM) == 0, cli.log(proc)[-3000:]
+  stopped = max(cli.logged_steps(workdir))
+  assert f"Stopped by SIGTERM after step {stopped}" in cli.log(proc)
+  assert str(stopped) in cli.checkpoint_dirs(workdir)
 
   # SIGKILL at seeded random steps of resumed runs.
   rng = np.random.default_rng(0)
   for _ in range(2):
-    start = max(int(c) for c in _checkpoints(workdir) if c.isdigit())
+    start = max(int(c) for c in cli.checkpoint_dirs(workdir) if c.isdigit())
     if start + 1 >= N:
       break
     kill_at = int(rng.integers(start + 1, N))
-    proc = _start(env, config, workdir)
+    proc = cli.start(env, config, workdir, *RUN)
     _wait(proc, lambda: kill_at in _training(proc, workdir), f"step {kill_at}")  # pylint: disable=cell-var-from-loop
     time.sleep(rng.uniform(0, 0.5))
-    _kill(proc)
+    _signal(proc)
 
-  out = _run(env, config, workdir)
+  out = cli.run(env, config, workdir, *RUN)
   assert out.returncode == 0, out.stderr[-3000:]
   reference = straight()
-  assert _checkpoints(workdir) == _checkpoints(reference) == ["4", "6", "8"]
+  assert cli.checkpoint_dirs(workdir) == cli.checkpoint_dirs(reference) == ["4", "6", "8"]
   _assert_same_params(_params(reference), _params(workdir))
-  expected, got = _metrics(reference), _metrics(workdir)
-  assert [r["step"] for r in got] == list(range(1, N + 1))
-  assert got == expected
+  assert [r["step"] for r in _metrics(workdir)] == list(range(1, N + 1))
+  assert _metrics(workdir) == _metrics(reference)
+
+
+def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, env, straight, tmp_path):
+  config, _ = tiny_data
+  workdir = tmp_path / "run"
+  out = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+  assert out.returncode == 1
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("electra-pretrain: error: loss=nan grad_norm=nan at step 5: stopped without saving it; the "
+                         "last good checkpoint is kept (step 4 under "), last
+  assert cli.checkpoint_dirs(workdir) == ["2", "4"] and cli.logged_steps(workdir) == [1, 2, 3, 4]
+  _assert_same_params(_params(straight(), 4), _params(workdir, 4))
+
+
+def test_resume_on_fewer_devices_with_another_batch_size(tiny_data, env, straight, tmp_path):
+  """8 devices -> 4 (the arrays are resharded onto the new mesh), batch 16 -> 8 with a note, continuing to N + 2."""
+  config, _ = tiny_data
+  workdir = tmp_path / "run"
+  shutil.copytree(straight(), workdir)
+  four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
+  out = cli.run(four, config, workdir, *RUN, f"--config.train.num_steps={N + 2}", "--config.train.batch_size=8",
+                "--allow_config_change")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Continuing" in out.stderr and "with a changed config (--allow_config_change): train.batch_size: 16 -> 8" \
+      in out.stderr
+  assert f"Resumed from step {N} onto a {{'data': 4, 'fsdp': 1}} mesh" in out.stderr
+  assert (f"train.batch_size changed from 16 to 8 since step {N} was saved: the input continues after the {N * 16} "
+          f"examples already seen (at batch {N * 2} of size 8)") in out.stderr
+  assert cli.logged_steps(workdir) == list(range(1, N + 3)) and "10" in cli.checkpoint_dirs(workdir)
+  assert json.loads((workdir / "config.json").read_text())["train"]["batch_size"] == 8
+
+
+def test_restore_reshards_onto_another_mesh(tiny_data, straight):
+  """A checkpoint written on 8 devices (data=8) restores bitwise onto 2 devices split by FSDP."""
+  config, prepared = tiny_data
+  reference = _params(straight())
+  config = checkpoints.load_config(str(straight()))
+  config.mesh.update(data=1, fsdp=2)
+  exp = train.create(config, prepared.special_ids, devices=jax.devices()[:2])
+  ckpt = checkpoints.Checkpointer(str(straight()), config, prepared.tokenizer_path)
+  restored = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding))
+  ckpt.close()
+  kernel = restored.state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
+  assert kernel.sharding.mesh.devices.size == 2 and kernel.sharding.spec[0] == "fsdp"
+  _assert_same_params(reference, jax.device_get(restored.state.params))
+  assert restored.data_state == {"step": N} and int(restored.state.step) == N
+
+
+def test_restore_refuses_another_tokenizer(tiny_data, straight, tmp_path):
+  config, prepared = tiny_data
+  other = tmp_path / "other.model"
+  other.write_bytes(open(prepared.tokenizer_path, "rb").read() + b"\0")
+  config = checkpoints.load_config(str(straight()))
+  exp = train.create(config, prepared.special_ids)
+  ckpt = checkpoints.Checkpointer(str(straight()), config, str(other))
+  with pytest.raises(ValueError, match=r"checkpoints/8 was trained with another tokenizer \(their SHA-256 differ\)"):
+    ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding))
+  ckpt.close()
+
+
+def test_params_only_export_round_trips(straight, tmp_path):
+  out = tmp_path / "export"
+  assert checkpoints.export_params(str(straight()), str(out), step=6) == str(out)
+  assert sorted(os.listdir(out)) == ["config.json", "params"] and os.listdir(tmp_path) == ["export"]
+  _assert_same_params(_params(straight(), 6), _params(out))
+  with pytest.raises(FileExistsError, match="export exists; pass overwrite=True"):
+    checkpoints.export_params(str(straight()), str(out))
+  checkpoints.export_params(str(straight()), str(out), overwrite=True)
+  _assert_same_params(_params(straight()), _params(out))
+  assert os.listdir(tmp_path) == ["export"]
