@@ -1,11 +1,10 @@
-"""Per-host input: this host's shard of the prepared dataset, shuffled, repeated, batched, prefetched; and `to_global`,
-the one place where host numpy becomes global jax arrays.
+"""Per-host input: this host's rows of each global batch of the prepared dataset (shuffled, repeated, prefetched),
+and `to_global`, the one place where host numpy becomes global jax arrays.
 
-The dataset is array_record, read by random access (tfds data_source). Batch b of a host is a pure function of
-(seed, host shard, b): the host's stream is epoch after epoch of its examples, each epoch in its own seeded
-permutation, cut into consecutive batches. So the iterator's whole state is {"step": b}, restoring is O(1), and a
-resumed run sees bit-identical batches. (A tf.data iterator checkpoint stores its shuffle buffer; `skip` re-reads the
-stream: see docs/data.md for the measurements.)
+The dataset is array_record, read by random access (tfds data_source). Global batch b is a pure function of
+(seed, b), and a host reads only its rows of it, so the iterator's whole state is {"step": b}, restoring is O(1), and a
+resumed run sees bit-identical batches, on any number of hosts. (A tf.data iterator checkpoint stores its shuffle
+buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
 import concurrent.futures
 import functools
@@ -19,13 +18,6 @@ import tensorflow_datasets as tfds
 tf.config.set_visible_devices([], "GPU")  # TensorFlow never sees the accelerators (it cannot hide TPUs: tensorflow-cpu)
 
 FEATURES = ("input_ids", "segment_ids")
-
-
-def shard_bounds(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
-  """This host's contiguous [start, stop) of a split: disjoint, covering, sizes differing by at most one."""
-  q, r = divmod(num_examples, process_count)
-  start = process_index * q + min(process_index, r)
-  return start, start + q + (process_index < r)
 
 
 class _Reader:
@@ -44,34 +36,41 @@ class _Reader:
 
 
 class TrainIterator:
-  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size, seq_len]. Restorable by get_state()."""
+  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len].
 
-  def __init__(self, dataset_dir: str, batch_size: int, seed: int, process_index: int, process_count: int,
+  Global batch b is positions [b·B, (b+1)·B) of a stream that runs through the split epoch after epoch, each epoch
+  in its own seeded permutation; host i of n reads only rows [i·B/n, (i+1)·B/n) of it. So the global batches do not
+  depend on the number of hosts (a run on 2 hosts sees the data of a run on 1, and a run can resume on another
+  topology without losing its place), hosts never read the same example in an epoch, and the whole state is
+  {"step": b}.
+  """
+
+  def __init__(self, dataset_dir: str, global_batch_size: int, seed: int, process_index: int, process_count: int,
                state: dict | None = None, split: str = "train", num_threads: int = 2, prefetch: int = 4):
     self._reader = _Reader(dataset_dir, split)
-    self._start, stop = shard_bounds(self._reader.num_examples, process_index, process_count)
-    self._size = stop - self._start
-    if self._size < batch_size:
-      raise ValueError(f"{split} shard of host {process_index} has {self._size} examples, fewer than one batch "
-                       f"({batch_size}); prepare more data")
-    self._batch_size = batch_size
-    self._seed = (seed, process_index, process_count)
+    self._size = self._reader.num_examples
+    if self._size < global_batch_size:
+      raise ValueError(f"the {split} split has {self._size} examples, fewer than one batch ({global_batch_size}); "
+                       "prepare more data")
+    self._global_batch = global_batch_size
+    per_host = _per_host(global_batch_size, process_count)
+    self._rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
+    self._seed = seed
     self._step = int((state or {}).get("step", 0))
     self._permutation = functools.lru_cache(maxsize=2)(self._permutation)  # a batch needs at most two epochs
     self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and the parse release the GIL
     self._pending = [self._pool.submit(self._batch, self._step + i) for i in range(prefetch)]
 
   def _permutation(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng((*self._seed, epoch)).permutation(self._size)
+    return np.random.default_rng((self._seed, epoch)).permutation(self._size)
 
   def _batch(self, step: int) -> dict[str, np.ndarray]:
-    positions = np.arange(step * self._batch_size, (step + 1) * self._batch_size)
-    epochs, offsets = np.divmod(positions, self._size)
-    indices = np.empty_like(positions)
+    epochs, offsets = np.divmod(step * self._global_batch + self._rows, self._size)
+    indices = np.empty_like(offsets)
     for epoch in np.unique(epochs):  # a batch spans at most two epochs
       where = epochs == epoch
       indices[where] = self._permutation(int(epoch))[offsets[where]]
-    return self._reader.read(self._start + indices)
+    return self._reader.read(indices)
 
   def __iter__(self):
     return self
@@ -105,22 +104,21 @@ def train_iterator(config, prepared, state: dict | None = None, process_index: i
                    process_count: int | None = None) -> TrainIterator:
   """This host's training batches (global train.batch_size / process_count each), from `state` if given."""
   index, count = _hosts(process_index, process_count)
-  return TrainIterator(prepared.dataset_dir, _per_host(config.train.batch_size, count), config.train.seed, index,
-                       count, state=state)
+  return TrainIterator(prepared.dataset_dir, config.train.batch_size, config.train.seed, index, count, state=state)
 
 
 def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
                        num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-  """This host's validation batches in a fixed order, once: the same number on every host (at most
-  `num_batches`, default train.eval_batches; 0 = all full batches)."""
+  """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default
+  train.eval_batches; 0 = all full batches), the same number on every host."""
   index, count = _hosts(process_index, process_count)
-  batch_size = _per_host(config.train.batch_size, count)
+  per_host = _per_host(config.train.batch_size, count)
   reader = _Reader(prepared.dataset_dir, "validation")
-  start, _ = shard_bounds(reader.num_examples, index, count)
-  available = reader.num_examples // count // batch_size  # the smallest shard's full batches: equal on all hosts
+  available = reader.num_examples // config.train.batch_size
   num_batches = config.train.eval_batches if num_batches is None else num_batches
   for b in range(min(num_batches, available) if num_batches else available):
-    yield reader.read(np.arange(start + b * batch_size, start + (b + 1) * batch_size))
+    start = b * config.train.batch_size + index * per_host
+    yield reader.read(np.arange(start, start + per_host))
 
 
 def to_global(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
