@@ -36,6 +36,7 @@ SPM_FILE = "sentencepiece.model"  # our tokenizer beside tokenizer.json: what im
 VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.safetensors"
 GENERATOR_DIR = "generator"
+RUN_CONFIG_FILE = "electra_jax_config.json"  # the pre-training config, for import_hf
 
 
 # --- The two networks as HF sees them --------------------------------------------------------------------------------
@@ -202,14 +203,6 @@ def tokenizer_file(directory: str) -> str:
   raise FileNotFoundError(f"{directory} has neither {SPM_FILE} nor {VOCAB_FILE}: no tokenizer electra_jax can read")
 
 
-def workdir_tokenizer(config: ml_collections.ConfigDict) -> str:
-  """The tokenizer a pre-training run used: data.tokenizer, else the one electra-prepare trained in data.data_dir."""
-  if config.data.tokenizer:
-    return config.data.tokenizer
-  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
-  return prepare.tokenizer_path(config)
-
-
 # --- Export ----------------------------------------------------------------------------------------------------------
 
 def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: int, out_dir: str):
@@ -221,13 +214,19 @@ def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: i
   save_tokenizer(tokenizer_path, out_dir, model_config.max_position_embeddings)
 
 
+def _refuse_existing(output: str, overwrite: bool):
+  if os.path.exists(output) and not overwrite:
+    raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
+
+
 def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bool = False,
            tokenizer_path: str | None = None):
   """Writes the discriminator to `output` and the generator to `output`/generator, atomically."""
-  if os.path.exists(output) and not overwrite:
-    raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
+  _refuse_existing(output, overwrite)
   model_config = modeling.ModelConfig.from_config(config)
-  tokenizer_path = tokenizer_path or workdir_tokenizer(config)
+  if not tokenizer_path:
+    from electra_jax import prepare  # pylint: disable=g-import-not-at-top
+    tokenizer_path = prepare.tokenizer_path(config)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != model_config.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
@@ -242,7 +241,7 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
     _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
     _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
                   os.path.join(tmp, GENERATOR_DIR))
-    with open(os.path.join(tmp, "electra_jax_config.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(tmp, RUN_CONFIG_FILE), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
     if os.path.exists(output):
       shutil.rmtree(output)
@@ -300,9 +299,14 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but {hf_dir} has vocab_size "
                      f"{disc['vocab_size']}")
 
+  # Our own exports carry the run's config (objective, train and data settings); others start from the defaults.
   config = config_lib.base()
+  run_config = os.path.join(hf_dir, RUN_CONFIG_FILE)
+  if os.path.exists(run_config):
+    with open(run_config, encoding="utf-8") as f:
+      config.update_from_flattened_dict(traverse_util.flatten_dict(json.load(f), sep="."))
   m = config.model
-  m.update(size="imported", num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
+  m.update(num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
            num_heads=disc["num_attention_heads"], intermediate_size=disc["intermediate_size"],
            embedding_size=disc["embedding_size"], max_position_embeddings=disc["max_position_embeddings"],
            type_vocab_size=disc["type_vocab_size"], dropout_rate=disc["hidden_dropout_prob"],
@@ -340,30 +344,32 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
 
 # --- Entry point -----------------------------------------------------------------------------------------------------
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/).")
-_OUTPUT = flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in "
-                              "OUTPUT/generator).")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")
+def export_workdir(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
+  """Exports a pre-training workdir's checkpoint (`step`, default: the latest) to `output`."""
+  _refuse_existing(output, overwrite)  # before the (slow) restore
+  from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  config, params = checkpoints.load_params(workdir, step)
+  export(config, params, output, overwrite=overwrite)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not _WORKDIR.value or not _OUTPUT.value:
-    raise app.UsageError("--workdir and --output are required")
-  if os.path.exists(_OUTPUT.value) and not _OVERWRITE.value:
-    raise SystemExit(f"error: {_OUTPUT.value} exists; pass --overwrite to replace it")
-  from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
   try:
-    config, params = checkpoints.load_params(_WORKDIR.value, _STEP.value)
-    export(config, params, _OUTPUT.value, overwrite=_OVERWRITE.value)
+    export_workdir(f.workdir, f.output, f.step, f.overwrite)
   except (FileNotFoundError, FileExistsError, ValueError) as e:
     raise SystemExit(f"error: {e}") from None
-  logging.info("Exported %s to %s", _WORKDIR.value, _OUTPUT.value)
+  logging.info("Exported %s to %s", f.workdir, f.output)
 
 
 def run():
+  # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
+  flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/).")
+  flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in OUTPUT/generator).")
+  flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
+  flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")
+  flags.mark_flags_as_required(["workdir", "output"])
   app.run(main)
 
 

@@ -1,14 +1,12 @@
-"""Shared by the export and fine-tuning tests: real text, a real SentencePiece model, tiny checkpointed workdirs."""
+"""Shared by the export and fine-tuning tests: real text and tiny checkpointed workdirs."""
+import copy
 import functools
 import re
 
 import jax
 import numpy as np
-import pytest
 
 from electra_jax import checkpoints, train
-from electra_jax import tokenizer as tokenizer_lib
-from configs import tiny
 
 
 @functools.cache
@@ -23,38 +21,64 @@ def sotu_sentences() -> list[str]:
   return [s for l in sotu_lines()[-400:] for s in re.split(r"(?<=[.!?])\s+", l) if len(s) > 20]
 
 
-@pytest.fixture(scope="session")
-def sp_model(tmp_path_factory):
-  """A 2000-piece SentencePiece model trained on the speeches with our trainer."""
-  path = tmp_path_factory.mktemp("tokenizer") / "sp.model"
-  tokenizer_lib.train_sentencepiece(sotu_lines()[::4], str(path), 2000, num_threads=2)
-  return str(path)
+def assert_one_line_error(result, message: str):
+  """A CLI run that failed with exit status 1 and one "error: ..." line naming `message`, no traceback."""
+  errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
+  assert result.returncode == 1 and len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
-def tiny_config(tokenizer_path: str, sharing: str = "shared"):
-  config = tiny.get_config()
-  config.data.tokenizer = tokenizer_path
+def _pieces(path: str):
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(path, "rb") as f:
+    proto.ParseFromString(f.read())
+  return proto
+
+
+def round_scores(path: str, out: str, grid: int = 64) -> str:
+  """A copy of a SentencePiece model with piece scores rounded to multiples of 1/grid."""
+  proto = _pieces(path)
+  for p in proto.pieces:
+    p.score = round(p.score * grid) / grid
+  with open(out, "wb") as f:
+    f.write(proto.SerializeToString())
+  return out
+
+
+def scores_rounded(path: str, grid: int = 64) -> bool:
+  return all(p.score * grid == round(p.score * grid) for p in _pieces(path).pieces)
+
+
+def tiny_config(tiny_data, sharing: str = "shared"):
+  """configs/tiny.py with its prepared data (conftest's tiny_data) and `sharing` embeddings."""
+  config = copy.deepcopy(tiny_data[0])
   config.objective.embedding_sharing = sharing
   if sharing == "all":
     config.model.generator_fraction = 1.0
   return config
 
 
-def random_params(config, seed: int = 0):
-  """Initialised params with every leaf perturbed (LayerNorm scales, biases, gdes deltas included), so that a
-  transposed or misplaced weight cannot go unnoticed."""
-  params = jax.device_get(train.create(config).init(jax.random.key(seed)).params)
+def _random_state(config, seed: int):
+  """An initialised train state and its params with every leaf perturbed (LayerNorm scales, biases, gdes deltas
+  included), so that a transposed or misplaced weight cannot go unnoticed."""
+  exp = train.create(config)
+  state = exp.init(jax.random.key(seed))
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda x: (x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32), params)
+  params = jax.tree.map(lambda x: (x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32),
+                        jax.device_get(state.params))
+  return exp, state, params
+
+
+def random_params(config, seed: int = 0):
+  return _random_state(config, seed)[2]
 
 
 def save_workdir(config, workdir: str, step: int = 1, seed: int = 0):
   """A pre-training workdir (config.json + one Orbax checkpoint) holding random_params; returns the params."""
-  exp = train.create(config)
-  state = exp.init(jax.random.key(seed))
-  params = random_params(config, seed)
+  exp, state, params = _random_state(config, seed)
   state = state.replace(params=jax.device_put(params, exp.state_sharding.params))
-  train._write_config(workdir, config)  # pylint: disable=protected-access
+  checkpoints.write_config(workdir, config)
   ckpt = checkpoints.Checkpointer(workdir, config)
   ckpt.save(step, state, {}, force=True)
   ckpt.close()

