@@ -19,6 +19,7 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False, "Continue a workdir whose config.json differs from this config (beyond length, "
     "cadence and mesh); without it such a workdir is refused as another run's.")
 flags.mark_flags_as_required(["config", "workdir"])
+flags.register_validator("workdir", bool, message="--workdir must name a directory")
 
 # Bad input, as opposed to a bug: reported in one line. FloatingPointError is the NaN/Inf guard.
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
@@ -38,7 +39,7 @@ def parse_flags(argv):
   except AttributeError as e:  # config_flags's "Did you mean" for a misspelt key, a KeyError's text inside
     cause = e.args[0] if e.args else e
     _fail(f"unknown config key {cause.args[0] if isinstance(cause, KeyError) else cause}")
-  except (flags.Error, ValueError) as e:
+  except (flags.Error, ValueError, OSError) as e:  # OSError: a config file that does not load
     _fail(e)
 
 
