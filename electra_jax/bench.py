@@ -1,0 +1,176 @@
+"""electra-bench: the speed of one training step (and, with --pipeline, of the input pipeline) for a config.
+
+  electra-bench --config=configs/small.py --config.train.batch_size=32 --config.model.dtype=float32 [--steps=10]
+  electra-bench --config=configs/base.py --memory_only --shards=8    # does a v3-8 core's batch fit?
+
+Compiles the step (reports compile time and compiled.memory_analysis()), warms up, then times --steps steady-state
+steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
+[CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
+ones from the prepared dataset under --data_dir. FLOPs, TFLOP/s and MFU come from electra_jax.metrics. The last line
+of output is one JSON object (see DESIGN.md).
+"""
+import json
+import os
+import time
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True)
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets "
+                                "config.data.data_dir; needs TensorFlow); default: synthetic ids.")
+_PIPELINE = flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data "
+                              "(--data_dir or config.data.data_dir).")
+_PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline.")
+_MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "Only lower and compile the step and report its memory.")
+_SHARDS = flags.DEFINE_integer("shards", 1, "With --memory_only: compile for one device's share of the global batch "
+                               "split over this many devices (8 for a v3-8), data parallel.")
+flags.mark_flags_as_required(["config"])
+
+NUM_BATCHES = 4  # distinct device-resident batches cycled through the timed window
+
+
+def config_name() -> str:
+  """The config file's name without .py ("small" for configs/small.py)."""
+  return os.path.splitext(os.path.basename(config_flags.get_config_filename(flags.FLAGS["config"])))[0]
+
+
+def synthetic_batch(rng, batch_size: int, seq_len: int, vocab_size: int, special) -> dict:
+  """Random in-vocab ids laid out like packed pre-training data: [CLS] A [SEP] B [SEP], most rows full, some shorter
+  and padded; segment ids 0 for A, 1 for B."""
+  ids = rng.integers(max(special) + 1, vocab_size, (batch_size, seq_len), dtype=np.int32)
+  seg = np.zeros_like(ids)
+  for row in range(batch_size):
+    length = seq_len if rng.random() < 0.9 else int(rng.integers(seq_len // 4, seq_len))
+    split = int(rng.integers(2, length - 1))
+    ids[row, 0], ids[row, split], ids[row, length - 1] = special.cls, special.sep, special.sep
+    seg[row, split + 1:length] = 1
+    ids[row, length:] = special.pad
+  return {"input_ids": ids, "segment_ids": seg}
+
+
+def host_batches(config, special, prepared=None) -> list:
+  """NUM_BATCHES host batches: synthetic, or the first ones of the training stream of `prepared`."""
+  if prepared is None:
+    rng = np.random.default_rng(0)
+    return [synthetic_batch(rng, config.train.batch_size, config.data.seq_len, config.data.vocab_size, special)
+            for _ in range(NUM_BATCHES)]
+  from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  it = input_pipeline.train_iterator(config, prepared)
+  batches = [next(it) for _ in range(NUM_BATCHES)]
+  it.close()
+  return batches
+
+
+def memory_report(compiled) -> dict:
+  """Bytes of the compiled step per device: arguments + outputs not aliased to (donated) arguments + temporaries."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return {}
+  report = dict(argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
+                alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes)
+  report["peak_memory_bytes"] = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
+                                 m.temp_size_in_bytes)
+  return report
+
+
+def time_pipeline(config, prepared, num_batches: int) -> dict:
+  """Batches/s of the input pipeline alone, host batch to global device arrays, after a few warm-up batches."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  target = sharding.batch_sharding(sharding.create_mesh(config.mesh))
+  it = input_pipeline.train_iterator(config, prepared)
+  for _ in range(3):
+    next(it)
+  t0 = time.perf_counter()
+  for _ in range(num_batches):
+    batch = input_pipeline.to_global(next(it), target)
+  jax.block_until_ready(batch)
+  seconds = time.perf_counter() - t0
+  it.close()
+  return dict(pipeline_batches_per_sec=num_batches / seconds,
+              pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from electra_jax import metrics, train  # pylint: disable=g-import-not-at-top
+  from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
+
+  config = _CONFIG.value
+  name = config_name()
+  if _DATA_DIR.value:
+    config.data.data_dir = _DATA_DIR.value
+  prepared = None
+  if _DATA_DIR.value or _PIPELINE.value:
+    from electra_jax import prepare  # pylint: disable=g-import-not-at-top
+    prepared = prepare.load(config)
+  special = prepared.special_ids if prepared else SpecialIds()
+  device = jax.devices()[0]
+  devices = [device] if _MEMORY_ONLY.value else None
+  if _MEMORY_ONLY.value:
+    if config.train.batch_size % _SHARDS.value:
+      raise app.UsageError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={_SHARDS.value}")
+    config.train.batch_size //= _SHARDS.value
+  exp = train.create(config, special, devices=devices)
+  batch_size, seq_len = config.train.batch_size, config.data.seq_len
+  result = dict(config=name, device=device.device_kind, platform=device.platform, num_devices=len(exp.mesh.devices.flat),
+                batch=batch_size, seq_len=seq_len, dtype=config.model.dtype, remat=config.model.remat,
+                step_flops=exp.step_flops, jax=jax.__version__)
+  rng = jax.random.key(config.train.seed)
+
+  if _MEMORY_ONLY.value:
+    state = jax.eval_shape(exp.init, rng)
+    t0 = time.perf_counter()
+    shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.batch_sharding)
+    compiled = exp.step.lower(state, {"input_ids": shapes, "segment_ids": shapes}, rng).compile()
+    result.update(compile_s=time.perf_counter() - t0, shards=_SHARDS.value, **memory_report(compiled))
+    if device.platform == "cpu":
+      result["note"] = "XLA:CPU compile: an estimate of an accelerator's buffer assignment, not a measurement"
+    print(json.dumps(result))
+    return
+
+  state = exp.init(rng)
+  batches = [{k: jax.device_put(v, exp.batch_sharding) for k, v in b.items()}
+             for b in host_batches(config, special, prepared)]
+  t0 = time.perf_counter()
+  compiled = exp.step.lower(state, batches[0], rng).compile()
+  result.update(compile_s=time.perf_counter() - t0, **memory_report(compiled))
+
+  for i in range(_WARMUP.value):
+    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+  jax.block_until_ready(state)
+  t0 = time.perf_counter()
+  for i in range(_STEPS.value):  # no host sync inside the window: dispatch runs ahead of the device
+    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+  jax.block_until_ready((state, step_metrics))
+  seconds = time.perf_counter() - t0
+
+  stats = device.memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
+  result.update(step_time_s=seconds / _STEPS.value, steps=_STEPS.value, warmup=_WARMUP.value,
+                loss=float(step_metrics["loss"]),
+                **metrics.throughput(exp.step_flops, _STEPS.value * batch_size * seq_len, seconds))
+  if _PIPELINE.value:
+    result.update(time_pipeline(config, prepared, _PIPELINE_BATCHES.value))
+  print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} on {result['num_devices']} x {device.device_kind}"
+        f"  compile {result['compile_s']:.1f} s  step {result['step_time_s'] * 1e3:.1f} ms  "
+        f"{result['tokens_per_sec']:.0f} tok/s  {result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
+        f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
+  print(json.dumps(result))
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,103 @@
+"""electra-bench and the HF-torch peer run on the tiny config; the FLOP formula matches a count from the param tree."""
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from electra_jax import train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+REQUIRED = ("tokens_per_sec", "step_time_s", "tflops_per_device", "mfu", "device", "config", "batch", "seq_len",
+            "compile_s", "peak_memory_bytes", "jax")
+
+
+def bench(*args) -> dict:
+  """electra-bench on one layer of configs/tiny.py, on one device at XLA's fastest-compiling level (this is about the
+  harness, not the speed)."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_backend_optimization_level=0")
+  out = subprocess.run([sys.executable, "-m", "electra_jax.bench", "--config=configs/tiny.py",
+                        "--config.model.num_layers=1", "--config.data.seq_len=32", *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_bench_reports_json():
+  result = bench("--steps=2", "--warmup=1", "--config.train.batch_size=8")
+  assert set(REQUIRED) <= result.keys()
+  assert result["config"] == "tiny" and result["device"] == "cpu" and result["mfu"] is None
+  assert (result["batch"], result["seq_len"], result["num_devices"]) == (8, 32, 1)
+  assert result["tokens_per_sec"] > 0 and result["tflops_per_device"] > 0 and result["compile_s"] > 0
+  assert math.isclose(result["tokens_per_sec"] * result["step_time_s"], 8 * 32, rel_tol=1e-6)
+  assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and math.isfinite(result["loss"])
+
+
+def test_bench_memory_only_compiles_per_device_share():
+  result = bench("--memory_only", "--shards=8")
+  assert result["batch"] == 16 // 8 and result["num_devices"] == 1
+  assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and "tokens_per_sec" not in result
+
+
+def test_bench_imports_without_tensorflow():
+  code = "import sys; import electra_jax.bench, electra_jax.train; assert 'tensorflow' not in sys.modules"
+  subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+
+
+@pytest.fixture(scope="module")
+def peer_module():
+  spec = importlib.util.spec_from_file_location("peer_torch", ROOT / "benchmarks" / "peer_torch.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("gather_head", [False, True])
+def test_peer_step(peer_module, gather_head):
+  import torch  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  torch.manual_seed(0)
+  model = peer_module.Peer(config, peer_module.SpecialIds(), gather_head).train()
+  g, d = model.generator, model.discriminator
+  assert d.electra.embeddings is g.electra.embeddings  # ELECTRA's shared embeddings
+  assert g.generator_lm_head.weight is g.electra.embeddings.word_embeddings.weight
+  assert g.config.hidden_size == config.model.hidden_size * config.model.generator_fraction
+  opt = peer_module.optimizer(model, config.train)
+  batch = peer_module.bench.synthetic_batch(np.random.default_rng(0), 4, config.data.seq_len, config.data.vocab_size,
+                                            peer_module.SpecialIds())
+  before = g.electra.embeddings.word_embeddings.weight.detach().clone()
+  loss = model(*(torch.from_numpy(batch[k]).long() for k in ("input_ids", "segment_ids")))
+  loss.backward()
+  opt.step()
+  assert torch.isfinite(loss) and 0 < loss.item() < 100
+  assert not torch.equal(before, g.electra.embeddings.word_embeddings.weight)
+
+
+def test_flops_match_a_count_of_the_param_tree():
+  """6 × (2-D kernels) × the tokens they see, + the tied output matmul at the masked positions, + attention."""
+  config = tiny.get_config()
+  exp = train.create(config)
+  params = jax.eval_shape(exp.init, jax.random.key(0)).params
+  batch, seq_len = config.train.batch_size, config.data.seq_len
+  tokens, masked = batch * seq_len, batch * int((config.objective.mask_prob + 0.005) * seq_len)
+  flat = flax.traverse_util.flatten_dict(params)
+  expected = 0
+  for path, leaf in flat.items():
+    if path[-1] == "kernel":
+      assert leaf.ndim == 2, path
+      expected += 6 * math.prod(leaf.shape) * (masked if path[0] == "generator_head" else tokens)
+    if path[-2:] == ("query", "kernel"):  # QKᵀ and PV: 2 × 2·L²·hidden per sequence forward, × 3 with backward
+      expected += 12 * seq_len ** 2 * leaf.shape[1] * batch
+  vocab, emb = flat[("embeddings", "word_embeddings")].shape
+  expected += 6 * vocab * emb * masked  # the generator's output layer: the tied word table, transposed
+  assert {p[0] for p in flat} == {"embeddings", "generator", "discriminator", "generator_head", "discriminator_head"}
+  assert exp.step_flops == expected
