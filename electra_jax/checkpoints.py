@@ -1,7 +1,7 @@
 """Orbax checkpoints of a pre-training workdir, the checks that keep a workdir one run's, and the params-only export.
 
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
-(the input position, the batch size and host count it counts in, the tokenizer's fingerprint), `rng` (the step rng's
+(the input position, the batch size it counts in, the tokenizer's fingerprint), `rng` (the step rng's
 key data) and `config`. Saves are asynchronous and atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it
 once complete, so a kill at any moment leaves the earlier checkpoints intact; the next start deletes the leftovers.
 Restoring places every array with the current mesh's shardings, so a run resumes on another device count.
@@ -22,7 +22,6 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-ITEMS = ("state", "data", "rng", "config")
 # Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
 # difference means another run, which resuming would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
@@ -41,7 +40,7 @@ def _path(workdir: str) -> str:
   return workdir if "://" in workdir else os.path.abspath(workdir)
 
 
-def fingerprint(path: str) -> str:
+def _fingerprint(path: str) -> str:
   """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
   return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
 
@@ -54,7 +53,7 @@ class Checkpointer:
     self.config = config
     self.directory = os.path.join(_path(workdir), "checkpoints")
     self.last_saved = None
-    self._tokenizer = fingerprint(tokenizer_path) if tokenizer_path else None
+    self._tokenizer = _fingerprint(tokenizer_path) if tokenizer_path else None
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -76,8 +75,7 @@ class Checkpointer:
 
   def save(self, step: int, state, data_state: dict, force: bool = False, rng: jax.Array | None = None) -> bool:
     """Starts saving in the background (a failed earlier save raises here); True if this step is being saved."""
-    data = dict(position=data_state, batch_size=self.config.train.batch_size, processes=jax.process_count(),
-                tokenizer_sha256=self._tokenizer)
+    data = dict(position=data_state, batch_size=self.config.train.batch_size, tokenizer_sha256=self._tokenizer)
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(
@@ -130,7 +128,7 @@ class Checkpointer:
                      "a new --workdir")
 
   def _position(self, saved: dict, step: int) -> dict:
-    """The input position in this run's batches; a changed batch size or host count continues approximately."""
+    """The input position in this run's global batches (the same on any host count; rescaled to a new batch size)."""
     position = dict(saved.get("position") or {})
     old, new = saved.get("batch_size", self.config.train.batch_size), self.config.train.batch_size
     if old != new and "step" in position:
@@ -139,10 +137,6 @@ class Checkpointer:
       logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
                       "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
                       "step %d", old, new, step, seen, position["step"], new, step)
-    if saved.get("processes", jax.process_count()) != jax.process_count():
-      logging.warning("The checkpoint was written by %d processes, this run has %d: each host's input shard changed, "
-                      "so the input order after step %d differs from an uninterrupted run", saved["processes"],
-                      jax.process_count(), step)
     return position
 
   def close(self):
@@ -302,7 +296,10 @@ def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(os.path.join(tmp, "params"), params)
   write_config(tmp, config)
+  old = epath.Path(f"{tmp}.old")
   if os.path.exists(out):
-    epath.Path(out).rmtree()
+    os.replace(out, old)  # moved aside whole; deleted once the new export is in place
   os.replace(tmp, out)
+  if old.exists():
+    old.rmtree()
   return out

@@ -122,7 +122,8 @@ def evaluate(exp: Experiment, params, batches) -> dict:
 _write_config = checkpoints.write_config
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> TrainState:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       allow_config_change: bool = False) -> TrainState:
   """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/), resuming from the
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written."""

@@ -22,10 +22,12 @@ def cmd(config, workdir, *flags) -> list[str]:
           f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *flags]
 
 
-def run(environ, config, workdir, *flags, **kw) -> subprocess.CompletedProcess:
-  """Runs to the end (`timeout -k`: a hung run is killed)."""
-  return subprocess.run(["timeout", "-k", "10", "420", *cmd(config, workdir, *flags)], cwd=ROOT, env=environ,
-                        capture_output=True, text=True, check=False, **kw)
+def run(environ, config, workdir, *flags, shell_setup="") -> subprocess.CompletedProcess:
+  """Runs to the end (`timeout -k`: a hung run is killed), after `shell_setup` (e.g. "ulimit -f 256") if given."""
+  command = ["timeout", "-k", "10", "420", *cmd(config, workdir, *flags)]
+  if shell_setup:
+    command = ["sh", "-c", f'{shell_setup} && exec "$@"', "sh", *command]
+  return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, check=False)
 
 
 def start(environ, config, workdir, *flags) -> subprocess.Popen:
