@@ -466,6 +466,7 @@ def _write(workdir: str, ft, results: dict):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  sharding.initialize_distributed()
   try:
     results = finetune(flags.FLAGS.config, flags.FLAGS.workdir)
   except (FileNotFoundError, FileExistsError, ValueError) as e:

@@ -84,14 +84,15 @@ class Writer:
   """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard. Only process 0
   writes; other processes get a no-op writer."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
     if not self.active:
       return
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     os.makedirs(workdir, exist_ok=True)
     self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    # purge_step hides events a killed run logged past the checkpoint it resumes from.
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
   def write(self, step: int, scalars: dict):
     if not self.active:

@@ -43,28 +43,27 @@ def parse_flags(argv):
     _fail(e)
 
 
-def initialize_distributed():
-  """Joins the other processes of a multi-host run: explicitly from launch/gpu.sh's variables, automatically on a
-  TPU pod; a single process needs nothing."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if "JAX_COORDINATOR_ADDRESS" in os.environ:
-    jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
-                               int(os.environ["JAX_PROCESS_ID"]))
-  elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
-    jax.distributed.initialize()
+class _QuietOrbax(logging.logging.Filter):
+  """Orbax narrates every save at INFO; keep its warnings and errors, and our own INFO lines."""
+
+  def filter(self, record):
+    return record.levelno >= logging.logging.WARNING or "/orbax/" not in record.pathname
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  initialize_distributed()
-  from electra_jax import train  # pylint: disable=g-import-not-at-top
+  logging.get_absl_handler().addFilter(_QuietOrbax())
+  from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  sharding.initialize_distributed()
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
   except USER_ERRORS as e:
     logging.debug("electra-pretrain failed", exc_info=True)
     _fail(e)
-  logging.info("Done: %s holds checkpoints/, metrics.jsonl and tensorboard/", _WORKDIR.value)
+  workdir = _WORKDIR.value
+  print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json\n"
+        f"TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')}")
 
 
 def run():

@@ -4,6 +4,8 @@ Parameters carry logical axis names (modeling.py); RULES maps them onto the mesh
 split over both axes; weights are split over "fsdp" (ZeRO-3 style: XLA gathers them where a layer needs them). A
 dimension that does not divide evenly stays replicated, so odd vocabularies never break a mesh.
 """
+import os
+
 import jax
 import flax.linen as nn
 import ml_collections
@@ -12,6 +14,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
+
+
+
+def initialize_distributed():
+  """Joins the other processes of a multi-host run: explicitly from launch/gpu.sh's variables, automatically on a
+  TPU pod; a single process needs nothing. Call before anything touches the devices."""
+  if "JAX_COORDINATOR_ADDRESS" in os.environ:
+    jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
+                               int(os.environ["JAX_PROCESS_ID"]))
+  elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
+    jax.distributed.initialize()
+
 
 RULES = (
     ("batch", BATCH),

@@ -10,10 +10,12 @@ import uuid
 from typing import Iterable
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_model
 from etils import epath
 
 from electra_jax.special_ids import SpecialIds
 
+SCORE_GRID = 64
 SPECIAL_TOKENS = SpecialIds(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
 
 
@@ -93,10 +95,15 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
       num_threads=num_threads or os.cpu_count(),
       minloglevel=2,
   )
+  # SentencePiece sums piece scores in float32, HF tokenizers in float64: where two segmentations tie (e.g. "000" as
+  # "0"+"00" or "00"+"0") rounding makes them choose differently. On a 1/64 grid every sum is exact in both.
+  proto = sp_model.ModelProto.FromString(model.getvalue())
+  for piece in proto.pieces:
+    piece.score = round(piece.score * SCORE_GRID) / SCORE_GRID
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   # Write next to the target, then rename: a crash never leaves a half-written model behind.
   tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-  tmp.write_bytes(model.getvalue())
+  tmp.write_bytes(proto.SerializeToString())
   tmp.replace(path)
   return Tokenizer(os.fspath(path))

@@ -118,10 +118,6 @@ def evaluate(exp: Experiment, params, batches) -> dict:
   return {f"eval_{k}": v for k, v in result.items()}
 
 
-# tests/helpers.py writes workdirs through this name.
-_write_config = checkpoints.write_config
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> TrainState:
   """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/), resuming from the
@@ -144,9 +140,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      "--config.train.num_steps to continue it")
   train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
   # Every check passed: only now is anything written.
-  _write_config(workdir, config)
+  checkpoints.write_config(workdir, config)
   checkpoints.rewind_metrics(workdir, start)
-  writer = metrics_lib.Writer(workdir)
+  writer = metrics_lib.Writer(workdir, start)
   tokens_per_step = config.train.batch_size * config.data.seq_len
 
   bar = tqdm(total=num_steps, initial=start, desc="pre-training", unit="step", dynamic_ncols=True,

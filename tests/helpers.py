@@ -28,28 +28,6 @@ def assert_one_line_error(result, message: str):
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
-def _pieces(path: str):
-  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
-  proto = sentencepiece_model_pb2.ModelProto()
-  with open(path, "rb") as f:
-    proto.ParseFromString(f.read())
-  return proto
-
-
-def round_scores(path: str, out: str, grid: int = 64) -> str:
-  """A copy of a SentencePiece model with piece scores rounded to multiples of 1/grid."""
-  proto = _pieces(path)
-  for p in proto.pieces:
-    p.score = round(p.score * grid) / grid
-  with open(out, "wb") as f:
-    f.write(proto.SerializeToString())
-  return out
-
-
-def scores_rounded(path: str, grid: int = 64) -> bool:
-  return all(p.score * grid == round(p.score * grid) for p in _pieces(path).pieces)
-
-
 def tiny_config(tiny_data, sharing: str = "shared"):
   """configs/tiny.py with its prepared data (conftest's tiny_data) and `sharing` embeddings."""
   config = copy.deepcopy(tiny_data[0])
