@@ -276,10 +276,13 @@ def load_params(workdir: str, step: int | None = None):
   if os.path.isdir(os.path.join(workdir, "params")):
     with ocp.StandardCheckpointer() as ckptr:
       return config, ckptr.restore(os.path.join(_path(workdir), "params"), target.params)
+  directory = epath.Path(_path(workdir)) / "checkpoints"
+  # Checked before any CheckpointManager exists: one that is closed just before an error exit can leave Orbax's
+  # signalling thread printing a traceback at interpreter shutdown.
+  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
+    raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
   ckpt = Checkpointer(workdir, config)
   try:
-    if ckpt.latest_step() is None:
-      raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
     return config, ckpt.restore(target, step).state.params
   finally:
     ckpt.close()
