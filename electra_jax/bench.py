@@ -101,9 +101,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import metrics, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import metrics, sharding, train  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
+  sharding.initialize_runtime()
   config = _CONFIG.value
   name = config_name()
   if _DATA_DIR.value:

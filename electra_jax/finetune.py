@@ -242,7 +242,7 @@ class ClassificationHead(nn.Module):
   @nn.compact
   def __call__(self, h, *, deterministic: bool):
     c = self.config
-    drop = nn.Dropout(c.dropout_rate)
+    drop = modeling.Dropout(c.dropout_rate)
     h = drop(h, deterministic=deterministic)
     h = nn.gelu(modeling._dense(c, c.discriminator.hidden_size, ("hidden", "mlp"), "dense")(h),  # pylint: disable=protected-access
                 approximate=False)
@@ -466,7 +466,7 @@ def _write(workdir: str, ft, results: dict):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  sharding.initialize_distributed()
+  sharding.initialize_runtime()
   try:
     results = finetune(flags.FLAGS.config, flags.FLAGS.workdir)
   except (FileNotFoundError, FileExistsError, ValueError) as e:

@@ -55,7 +55,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.get_absl_handler().addFilter(_QuietOrbax())
   from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
-  sharding.initialize_distributed()
+  sharding.initialize_runtime()
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
   except USER_ERRORS as e:

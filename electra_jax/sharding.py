@@ -16,15 +16,20 @@ MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
 
 
-
-def initialize_distributed():
-  """Joins the other processes of a multi-host run: explicitly from launch/gpu.sh's variables, automatically on a
-  TPU pod; a single process needs nothing. Call before anything touches the devices."""
+def initialize_runtime():
+  """Joins the other processes of a multi-host run (explicitly from launch/gpu.sh's variables, automatically on a
+  TPU pod; a single process needs nothing) and picks the random-bit generator. Call before anything touches the
+  devices."""
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
                                int(os.environ["JAX_PROCESS_ID"]))
   elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
     jax.distributed.initialize()
+  # Partitionable threefry lets accelerator meshes draw sharded random arrays shard-locally; on CPU it costs twice
+  # the time per number, and dropout's random numbers are a large share of a CPU step. Values stay independent of
+  # the mesh either way (a CPU run's dropout stream differs from an accelerator's, which resume does not need).
+  if jax.default_backend() == "cpu":
+    jax.config.update("jax_threefry_partitionable", False)
 
 
 RULES = (

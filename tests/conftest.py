@@ -11,6 +11,10 @@ sys.path.insert(0, str(ROOT))
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
