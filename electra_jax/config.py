@@ -40,11 +40,14 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = model_config(size)
   c.objective = ml_collections.ConfigDict(dict(
-      name="electra",  # electra | mlm | electra_15 | replace_mlm | all_tokens_mlm
+      name="electra",  # electra | mlm | electra_15 | replace_mlm | all_tokens_mlm | two_stage
       mask_prob=0.15,
       disc_weight=50.0,
       temperature=1.0,
       embedding_sharing="shared",  # shared | untied | all | gdes
+      # two_stage: the fraction of train.num_steps that trains G alone before D starts from G (the paper splits
+      # its compute in two equal stages).
+      two_stage_fraction=0.5,
   ))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,

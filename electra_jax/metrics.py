@@ -6,6 +6,8 @@ FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is
   + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
   + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
     (All-Tokens MLM applies it at every position).
+Two-stage ELECTRA reports the average step of its run: f · G's training + (1 − f) · (G's forward, a third of its
+training, + D's training), with f = two_stage_fraction.
 """
 import json
 import os
@@ -50,19 +52,25 @@ def _mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> fl
   return 6 * (hidden * mc.embedding_size + mc.embedding_size * mc.vocab_size) * positions
 
 
-def train_flops(mc: modeling.ModelConfig, objective: str, mask_prob: float, batch: int, seq_len: int) -> float:
+def train_flops(mc: modeling.ModelConfig, objective: str, mask_prob: float, batch: int, seq_len: int,
+                two_stage_fraction: float = 0.5) -> float:
   """FLOPs of one training step of `objective` at global batch × seq_len (see the module docstring)."""
   d, g = mc.discriminator, mc.generator
   masked = batch * objectives.max_predictions(mask_prob, seq_len)
-  flops = _encoder_flops(mc, d, batch, seq_len)
+  d_encoder = _encoder_flops(mc, d, batch, seq_len)
   if objective == "mlm":
-    return flops + _mlm_head_flops(mc, d.hidden_size, masked)
-  flops += _encoder_flops(mc, g, batch, seq_len) + _mlm_head_flops(mc, g.hidden_size, masked)
+    return d_encoder + _mlm_head_flops(mc, d.hidden_size, masked)
+  generator = _encoder_flops(mc, g, batch, seq_len) + _mlm_head_flops(mc, g.hidden_size, masked)
   if objective == "replace_mlm":
-    return flops + _mlm_head_flops(mc, d.hidden_size, masked)
+    return d_encoder + generator + _mlm_head_flops(mc, d.hidden_size, masked)
   if objective == "all_tokens_mlm":
-    return flops + _mlm_head_flops(mc, d.hidden_size, batch * seq_len) + 6 * d.hidden_size ** 2 * batch * seq_len
-  return flops + 6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len  # discriminator head
+    return (d_encoder + generator + _mlm_head_flops(mc, d.hidden_size, batch * seq_len) +
+            6 * d.hidden_size ** 2 * batch * seq_len)
+  discriminator = d_encoder + 6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len  # with its head
+  if objective == "two_stage":
+    f = two_stage_fraction
+    return f * generator + (1 - f) * (generator / 3 + discriminator)
+  return generator + discriminator
 
 
 def throughput(step_flops: float, tokens: int, seconds: float) -> dict:

@@ -6,7 +6,10 @@ paper's baselines and ablations (objective.name):
   mlm             BERT: D-sized masked LM with the 80/10/10 recipe; no generator
   replace_mlm     G as in electra; D is a masked LM whose masked inputs are G's samples instead of [MASK]
   all_tokens_mlm  as replace_mlm, but D predicts every token, with the paper's copy mechanism
+  two_stage       the paper's two-stage ELECTRA (Sec. 3.2): L_MLM(G) alone for the first two_stage_fraction of the
+                  steps; then D starts as a copy of G and trains with λ·L_Disc on the samples of the frozen G
 """
+import functools
 from typing import NamedTuple
 
 import jax
@@ -16,7 +19,7 @@ import ml_collections
 from electra_jax import modeling
 from electra_jax.special_ids import SpecialIds
 
-OBJECTIVES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm")
+OBJECTIVES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm", "two_stage")
 MASK_TOKEN_FRACTION = 0.85  # ELECTRA: of the chosen positions, 85% become [MASK] and 15% stay (no random tokens)
 
 
@@ -104,9 +107,13 @@ def _corrupt(rng, masked: Masked, input_ids, g_logits, temperature):
 
 
 def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ml_collections.ConfigDict,
-                 special: SpecialIds, *, deterministic: bool = False):
+                 special: SpecialIds, *, deterministic: bool = False, stage: int = 2):
   """The training loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and the
-  metrics that come with it. Pure: all randomness derives from `rng`."""
+  metrics that come with it. Pure: all randomness derives from `rng`.
+
+  `stage` (a Python int) matters to two_stage only: 1 is L_MLM(G) alone, without running D; 2 is λ·L_Disc alone, G
+  sampling through stop_gradient (no backward pass through G) — evaluation uses 2, which reports both networks.
+  Both stages return the same metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
   name = objective.name
   if name not in OBJECTIVES:
     raise ValueError(f"objective.name={name!r}: expected one of {', '.join(OBJECTIVES)}")
@@ -125,22 +132,28 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
     metrics["mlm_loss"] = loss
     return loss, metrics
 
-  g_logits = model.apply(v, masked.input_ids, seg, masked.positions, deterministic=deterministic,
+  # G's forward reads only G's params, so stop_gradient on the whole tree freezes exactly G.
+  g_vars = {"params": jax.lax.stop_gradient(params)} if name == "two_stage" and stage == 2 else v
+  g_logits = model.apply(g_vars, masked.input_ids, seg, masked.positions, deterministic=deterministic,
                          rngs={"dropout": k_gen}, method=modeling.Electra.generator_logits)
   g_loss, metrics["mlm_accuracy"] = mlm_loss(g_logits, masked.targets, masked.weights)
+  metrics["mlm_loss"] = g_loss
+  if name == "two_stage" and stage == 1:  # stage 2's metric keys, traced for shapes only; D's are 0 here
+    stage2 = jax.eval_shape(functools.partial(compute_loss, model, objective=objective, special=special),
+                            params, batch, rng)[1]
+    return g_loss, {k: jnp.zeros(s.shape, s.dtype) for k, s in stage2.items()} | metrics
   corrupted = _corrupt(k_sample, masked, ids, g_logits, objective.temperature)
   replaced = corrupted != ids  # a chosen position whose sample equals the original counts as real
-  metrics["mlm_loss"] = g_loss
   metrics["replaced_fraction"] = _weighted_mean(replaced.astype(jnp.float32), non_pad)
   d_kwargs = dict(deterministic=deterministic, rngs={"dropout": k_disc})
 
-  if name in ("electra", "electra_15"):
+  if name in ("electra", "electra_15", "two_stage"):
     d_logits = model.apply(v, corrupted, seg, method=modeling.Electra.discriminator_logits, **d_kwargs)
-    if name == "electra":
-      d_weights = non_pad
-    else:  # only the chosen positions
+    if name == "electra_15":  # only the chosen positions
       d_weights = scatter(jnp.zeros_like(ids), masked.positions, jnp.ones_like(masked.positions),
                           masked.weights).astype(jnp.float32)
+    else:
+      d_weights = non_pad
     d_loss, metrics["disc_accuracy"], counts = disc_loss(d_logits, replaced, d_weights)
     metrics.update(counts)
   elif name == "replace_mlm":
@@ -159,5 +172,37 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
 
   metrics["disc_loss"] = d_loss
   # λ balances the per-token binary loss against the MLM loss; the MLM ablations add two MLM losses unweighted.
+  if name == "two_stage":  # stage 2: G is frozen, so its loss is only reported
+    return objective.disc_weight * d_loss, metrics
   weight = objective.disc_weight if name in ("electra", "electra_15") else 1.0
   return g_loss + weight * d_loss, metrics
+
+
+def two_stage_switch_step(config: ml_collections.ConfigDict) -> int:
+  """two_stage: the step (counting from 0) that starts stage 2, after a config check. D starts as a copy of G, so
+  both need the same sizes and their own weights."""
+  o, f = config.objective, config.model.generator_fraction
+  if f != 1.0:
+    raise ValueError(f"objective.name=two_stage initialises D from G, so it needs model.generator_fraction=1.0 "
+                     f"(got {f})")
+  if o.embedding_sharing != "untied":
+    raise ValueError(f"objective.name=two_stage needs separate G and D weights: objective.embedding_sharing=untied "
+                     f"(got {o.embedding_sharing!r})")
+  if not 0 < o.two_stage_fraction < 1:
+    raise ValueError(f"objective.two_stage_fraction={o.two_stage_fraction} must be in (0, 1)")
+  return max(1, round(o.two_stage_fraction * config.train.num_steps))
+
+
+def discriminator_from_generator(params):
+  """params with D's embeddings and encoder replaced by G's: how two_stage's stage 2 begins. D's replaced-token head
+  has no counterpart in G and keeps its own weights."""
+  return dict(params, discriminator_embeddings=params["generator_embeddings"], discriminator=params["generator"])
+
+
+def freeze_untrained(new_params, old_params, stage2: jax.Array):
+  """new_params, except that the network the current stage does not train (D in stage 1, G in stage 2) keeps
+  old_params bitwise: AdamW's momentum and weight decay would move it even with zero gradients."""
+  def keep(name, new, old):
+    frozen = stage2 == name.startswith("generator")
+    return jax.tree.map(lambda n, o: jnp.where(frozen, o, n), new, old)
+  return {k: keep(k, v, old_params[k]) for k, v in new_params.items()}

@@ -25,23 +25,46 @@ class TrainState:
   opt_state: Any
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx, objective, special, nan_at_step=0):
+def train_step(state: TrainState, batch, rng, *, model, tx, objective, special, nan_at_step=0, two_stage_switch=0):
   """mask → G → sample → stop_gradient → D → loss → one optax update of G and D together. Pure: the step's
   randomness is `rng` folded with the step number. `nan_at_step` (train.debug_nan_at_step) makes the loss of that
-  step NaN, to test the loop's guard."""
+  step NaN, to test the loop's guard. `two_stage_switch` (objective two_stage) is the step that starts stage 2."""
   step_rng = jax.random.fold_in(rng, state.step)
 
-  def loss_fn(params):
-    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special)
+  def loss_fn(params, stage=2):
+    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special, stage=stage)
     if nan_at_step:
       loss *= jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
     return loss, metrics
 
-  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  def grad_fn(stage=2):  # `stage` matters to two_stage only (see compute_loss)
+    return jax.value_and_grad(functools.partial(loss_fn, stage=stage), has_aux=True)
+
+  params, opt_state = state.params, state.opt_state
+  if not two_stage_switch:
+    (loss, metrics), grads = grad_fn()(params)
+  else:
+    # Stage 2 starts from D = G with fresh Adam moments and bias correction; the learning-rate schedule carries on.
+    params, opt_state = jax.lax.cond(
+        state.step == two_stage_switch,
+        lambda p, o: (objectives.discriminator_from_generator(p), _restart_adam(o, tx.init(p))),
+        lambda p, o: (p, o), params, opt_state)
+    stage2 = state.step >= two_stage_switch
+    # One stage runs per step: stage 1 never runs D, stage 2 never runs G's backward pass.
+    (loss, metrics), grads = jax.lax.cond(stage2, grad_fn(2), grad_fn(1), params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  if two_stage_switch:
+    new_params = objectives.freeze_untrained(new_params, params, stage2)
   metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return TrainState(step=state.step + 1, params=new_params, opt_state=opt_state), metrics
+
+
+def _restart_adam(opt_state, fresh):
+  """opt_state with every Adam state (moments and step count) taken from `fresh`, the rest (e.g. the learning-rate
+  schedule's count) kept."""
+  is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)
+  return jax.tree.map(lambda s, f: f if is_adam(s) else s, opt_state, fresh, is_leaf=is_adam)
 
 
 def eval_step(params, batch, rng, *, model, objective, special):
@@ -68,12 +91,13 @@ class Experiment:
   def step_flops(self) -> float:
     c = self.config
     return metrics_lib.train_flops(self.model.config, c.objective.name, c.objective.mask_prob, c.train.batch_size,
-                                   c.data.seq_len)
+                                   c.data.seq_len, c.objective.two_stage_fraction)
 
 
 def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None) -> Experiment:
   if config.objective.name not in objectives.OBJECTIVES:
     raise ValueError(f"objective.name={config.objective.name!r}: expected one of {', '.join(objectives.OBJECTIVES)}")
+  two_stage_switch = objectives.two_stage_switch_step(config) if config.objective.name == "two_stage" else 0
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
   mesh = sharding.create_mesh(config.mesh, devices)
   sharding.check_batch(config.train.batch_size, mesh)
@@ -92,7 +116,8 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   rep = sharding.replicated(mesh)
   init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sharding)
   kw = dict(model=model, objective=config.objective, special=special)
-  step = jax.jit(functools.partial(train_step, tx=tx, nan_at_step=config.train.debug_nan_at_step, **kw),
+  step = jax.jit(functools.partial(train_step, tx=tx, nan_at_step=config.train.debug_nan_at_step,
+                                   two_stage_switch=two_stage_switch, **kw),
                  in_shardings=(state_sharding, batch_sharding, rep), out_shardings=(state_sharding, rep),
                  donate_argnums=(0,))
   evaluate = jax.jit(functools.partial(eval_step, **kw),
