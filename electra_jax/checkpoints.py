@@ -40,7 +40,7 @@ def _path(workdir: str) -> str:
   return workdir if "://" in workdir else os.path.abspath(workdir)
 
 
-def _fingerprint(path: str) -> str:
+def fingerprint(path: str) -> str:
   """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
   return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
 
@@ -53,7 +53,7 @@ class Checkpointer:
     self.config = config
     self.directory = os.path.join(_path(workdir), "checkpoints")
     self.last_saved = None
-    self._tokenizer = _fingerprint(tokenizer_path) if tokenizer_path else None
+    self._tokenizer = fingerprint(tokenizer_path) if tokenizer_path else None
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(

@@ -65,6 +65,10 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       eval_batches=10,
       checkpoint_every=5000,
       keep_checkpoints=3,
+      # An HF ELECTRA directory (electra-export's output, or a released model saved locally with its generator)
+      # whose weights start the run instead of random init; ignored once the workdir has a checkpoint. The data
+      # must be prepared with its tokenizer (--config.data.tokenizer=<dir>/sentencepiece.model or vocab.txt).
+      init_from="",
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(

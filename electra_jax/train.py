@@ -158,7 +158,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   prepared = prepare.load(config)
   exp = create(config, prepared.special_ids)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
-  state, data_state, rng = _restore_or_init(exp, ckpt)
+  state, data_state, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
   start, num_steps = int(state.step), config.train.num_steps
   if start > num_steps:
     raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
@@ -229,12 +229,39 @@ def _check_finite(step: int, step_metrics: dict, ckpt: checkpoints.Checkpointer)
                              f"loss={loss} grad_norm={grad_norm} at step {step}: stopped (no checkpoint yet)")
 
 
-def _restore_or_init(exp: Experiment, ckpt: checkpoints.Checkpointer):
-  """(state, input position, rng) from the latest checkpoint on the current mesh, or fresh from train.seed."""
+def _restore_or_init(exp: Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
+  """(state, input position, rng) from the latest checkpoint on the current mesh, or fresh from train.seed (with
+  train.init_from's weights when set)."""
   seed = exp.config.train.seed
   rng = jax.random.fold_in(jax.random.key(seed), 1)
+  abstract_state = jax.eval_shape(exp.init, jax.random.key(seed))
   if ckpt.latest_step() is None:
-    return exp.init(jax.random.key(seed)), None, rng
-  restored = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(seed)), exp.state_sharding))
+    state = exp.init(jax.random.key(seed))
+    if exp.config.train.init_from:
+      state = state.replace(params=_imported_params(exp, abstract_state.params, tokenizer_path))
+    return state, None, rng
+  restored = ckpt.restore(checkpoints.abstract(abstract_state, exp.state_sharding))
   logging.info("Resumed from step %d onto a %s mesh", int(restored.state.step), dict(exp.mesh.shape))
   return restored.state, restored.data_state, rng if restored.rng is None else restored.rng
+
+
+def _imported_params(exp: Experiment, abstract_params, tokenizer_path: str):
+  """train.init_from's weights on the mesh, after checking they fit the config and the data's tokenizer."""
+  from electra_jax import export  # pylint: disable=g-import-not-at-top
+  source = exp.config.train.init_from
+  if not export.is_hf_dir(source):
+    raise FileNotFoundError(f"train.init_from={source} is not an HF ELECTRA directory (no config.json with a "
+                            "model_type)")
+  if checkpoints.fingerprint(export.tokenizer_file(source)) != checkpoints.fingerprint(tokenizer_path):
+    raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
+                     f"with --config.data.tokenizer={export.tokenizer_file(source)}")
+  _, params = export.import_hf(source)
+  want = flax.traverse_util.flatten_dict(abstract_params, sep="/")
+  got = flax.traverse_util.flatten_dict(params, sep="/")
+  for path in sorted(want.keys() | got.keys()):
+    if path not in got or path not in want or got[path].shape != want[path].shape:
+      raise ValueError(f"train.init_from={source} does not fit this config at {path}: "
+                       f"{got[path].shape if path in got else 'missing'} there, "
+                       f"{want[path].shape if path in want else 'absent'} here (model sizes, vocabulary, "
+                       "embedding_sharing and objective must match)")
+  return jax.device_put(params, exp.state_sharding.params)

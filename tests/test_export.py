@@ -198,3 +198,20 @@ def test_errors_are_one_line(tiny_data, tmp_path):
   with pytest.raises(ValueError, match="has 2000 tokens but the model's vocabulary has 1999"):
     export.export(config, helpers.random_params(config), str(tmp_path / "out"), tokenizer_path=tok)
   assert not (tmp_path / "out").exists()
+
+
+def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
+  """train.init_from starts a run from an HF directory's weights (here with lr 0, so they must come back unchanged);
+  weights that do not fit the config are refused before anything is written."""
+  config = helpers.tiny_config(tiny_data, "shared")
+  params = helpers.random_params(config)
+  export.export(config, params, str(tmp_path / "hf"))
+  config.train.update(init_from=str(tmp_path / "hf"), learning_rate=0.0, num_steps=1, eval_every=1)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  _, restored = checkpoints.load_params(str(tmp_path / "run"))
+  jax.tree.map(np.testing.assert_array_equal, restored, params)
+
+  config.model.intermediate_size *= 2
+  with pytest.raises(ValueError, match=r"does not fit this config at discriminator/layer_0/intermediate/bias: \(128"):
+    train.train_and_evaluate(config, str(tmp_path / "wider"))
+  assert not (tmp_path / "wider").exists()
