@@ -1,12 +1,13 @@
 """Ours (electra-bench) beside the HF-torch peer (eager and torch.compile) on one config, batch and sequence length.
 
   python benchmarks/compare.py --config=configs/small.py --config.train.batch_size=32 --config.data.seq_len=128 \
-      --config.model.dtype=float32 [--rounds=3 --max_load=1.5 --steps=10]
+      --config.model.dtype=float32 [--rounds=3 --max_load=1.5 --steps=10 --skip_compiled]
 
 Every other flag goes to both. The three run as subprocesses one after another, round after round (shared
 machines drift: alternating spreads the noise over all three), and the table holds each one's median over the rounds,
 then the ratios. With --max_load, each run first waits (up to 10 minutes) for the 1-minute load average to drop
-below it; every run records the load it started at. Ours runs with XLA_FLAGS unset (one CPU device, full optimisation), whatever the caller has.
+below it; every run records the load it started at. --skip_compiled leaves out the torch.compile peer (the CPU
+target is against eager, and compiling Small takes ~10 minutes on 2 cores). Ours runs with XLA_FLAGS unset (one CPU device, full optimisation), whatever the caller has.
 """
 import json
 import os
@@ -41,12 +42,14 @@ def run_one(command: list[str]) -> dict:
 
 
 def main(argv: list[str]):
-  own = dict(a[2:].split("=", 1) for a in argv if a.startswith(("--rounds=", "--max_load=")))
+  own_flags = ("--rounds=", "--max_load=", "--skip_compiled")
+  own = dict((a[2:] + "=").split("=")[:2] for a in argv if a.startswith(own_flags))
   rounds, max_load = int(own.get("rounds", 3)), float(own.get("max_load", "inf"))
-  args = [a for a in argv if not a.startswith(("--rounds=", "--max_load="))]
-  runs = {name: [] for name in RUNNERS}
+  args = [a for a in argv if not a.startswith(own_flags)]
+  runners = {k: v for k, v in RUNNERS.items() if not ("skip_compiled" in own and "compile" in k)}
+  runs = {name: [] for name in runners}
   for r in range(rounds):
-    for name, command in RUNNERS.items():
+    for name, command in runners.items():
       wait_for_quiet(max_load)
       runs[name].append(run_one(command + args))
       print(f"round {r + 1}/{rounds} {name}: {runs[name][-1]['tokens_per_sec']:.0f} tok/s "
@@ -64,7 +67,7 @@ def main(argv: list[str]):
     print(f"{name:20s} {tps:10.0f} {ours['batch'] * ours['seq_len'] / tps * 1e3:9.1f} {median['ours'] / tps:10.2f}  {each}")
   print(json.dumps(dict(config=ours["config"], batch=ours["batch"], seq_len=ours["seq_len"], dtype=ours["dtype"],
                         rounds=rounds, tokens_per_sec=median,
-                        ratio={name: median["ours"] / median[name] for name in RUNNERS if name != "ours"},
+                        ratio={name: median["ours"] / median[name] for name in runners if name != "ours"},
                         runs=runs)))
 
 
