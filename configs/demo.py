@@ -1,4 +1,8 @@
-"""The README's demo: ELECTRA-Small-shaped (narrower) on the embedded State of the Union corpus, a few minutes on 2 CPU cores.
+"""The README's demo: ELECTRA-Small-shaped (narrower) on the embedded State of the Union corpus, ~45 minutes on 2 CPU
+cores.
+
+Why 3000 steps: at this size the first ~500 steps sit on the no-context plateau (G no better than a unigram model, D
+predicting the base rate), and a discriminator stopped there fine-tunes worse than random init (docs/finetuning.md).
 
   electra-prepare  --config=configs/demo.py
   electra-pretrain --config=configs/demo.py --workdir=runs/demo
@@ -13,6 +17,6 @@ def get_config():
   c.data.vocab_size = 8000
   c.data.seq_len = 128
   c.data.data_dir = "data/demo"
-  c.train.update(num_steps=600, batch_size=32, learning_rate=1e-3, warmup_steps=60, log_every=20, eval_every=200,
-                 eval_batches=4, checkpoint_every=200)
+  c.train.update(num_steps=3000, batch_size=32, learning_rate=1e-3, warmup_steps=200, log_every=50, eval_every=500,
+                 eval_batches=4, checkpoint_every=500, keep_checkpoints=10)
   return c
