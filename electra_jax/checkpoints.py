@@ -2,9 +2,11 @@
 
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
 (the input position, the batch size it counts in, the tokenizer's fingerprint), `rng` (the step rng's
-key data) and `config`. Saves are asynchronous and atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it
-once complete, so a kill at any moment leaves the earlier checkpoints intact; the next start deletes the leftovers.
-Restoring places every array with the current mesh's shardings, so a run resumes on another device count.
+key data), `config` and `checksums` (the CRC-32 of every state array's global bytes). Saves are asynchronous and
+atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete, so a kill at any moment leaves the
+earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its own.
+Restoring places every array with the current mesh's shardings, so a run resumes on another device count, and checks
+the checksums: a corrupt or unreadable checkpoint is passed over for the newest intact one, never deleted.
 
 A params-only export (`export_params`) is a directory with config.json and params/ (an Orbax checkpoint of the
 Electra parameter tree: both networks and their heads, no optimiser state); `load_params` reads it like a workdir.
@@ -13,6 +15,8 @@ import hashlib
 import json
 import os
 import re
+import time
+import zlib
 from typing import Any, NamedTuple
 
 import jax
@@ -21,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 # Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
 # difference means another run, which resuming would silently mix in.
@@ -34,6 +39,15 @@ class Restored(NamedTuple):
   data_state: dict  # the input iterator's position, in this run's batch size
   rng: jax.Array | None  # None for checkpoints written without one
   config: dict  # the config the checkpoint was written with
+  step: int
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint that cannot be read, or whose arrays differ from the checksums saved with it."""
+
+  def __init__(self, step: int, message: str):
+    super().__init__(message)
+    self.step = step
 
 
 def _path(workdir: str) -> str:
@@ -53,6 +67,8 @@ class Checkpointer:
     self.config = config
     self.directory = os.path.join(_path(workdir), "checkpoints")
     self.last_saved = None
+    self.restored_step = None
+    self._failure = None  # the failed save's one-line error, once reported
     self._tokenizer = fingerprint(tokenizer_path) if tokenizer_path else None
     self._manager = ocp.CheckpointManager(
         self.directory,
@@ -64,7 +80,8 @@ class Checkpointer:
                 ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
                 ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])),
         item_handlers=dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
-                           rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler()))
+                           rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
+                           checksums=ocp.JsonCheckpointHandler()))
 
   def latest_step(self):
     return self._manager.latest_step()
@@ -75,29 +92,55 @@ class Checkpointer:
 
   def save(self, step: int, state, data_state: dict, force: bool = False, rng: jax.Array | None = None) -> bool:
     """Starts saving in the background (a failed earlier save raises here); True if this step is being saved."""
+    if not (force or self._manager.should_save(step)):
+      return False
     data = dict(position=data_state, batch_size=self.config.train.batch_size, tokenizer_sha256=self._tokenizer)
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
-          config=ocp.args.JsonSave(json.loads(self.config.to_json()))), force=force)
+          config=ocp.args.JsonSave(json.loads(self.config.to_json())),
+          checksums=ocp.args.JsonSave(checksums(state))), force=force)
     except Exception as e:  # pylint: disable=broad-except
-      raise self._save_error(e) from e
+      raise self._save_failed(e) from e
     if saved:
       self.last_saved = step
     return saved
 
-  def restore(self, abstract_state, step: int | None = None) -> Restored:
-    """The checkpoint at `step` (default: the latest), its arrays placed with the shardings of `abstract_state` (the
-    current mesh). Raises a one-line ValueError when it cannot continue this run's model or tokenizer."""
-    step = self._manager.latest_step() if step is None else step
+  def restore(self, abstract_state, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
+    """The checkpoint at `step`, its arrays placed with the shardings of `abstract_state` (the current mesh) and
+    checked against their checksums. Default: the newest intact checkpoint, after a one-line warning for each newer
+    corrupt or unreadable one (renamed to <step>.corrupt if `set_aside_corrupt`, so that the run can save that step
+    again; never deleted). Raises a one-line ValueError when none is intact, or when a checkpoint cannot continue
+    this run's model or tokenizer."""
+    if step is not None:
+      return self._restore(abstract_state, step)
+    corrupt = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        restored = self._restore(abstract_state, step)
+      except CorruptCheckpointError as e:
+        corrupt.append(e)
+        continue
+      for e in corrupt:
+        kept = self._set_aside(e.step) if set_aside_corrupt else "it is kept"
+        logging.warning("%s: using step %d instead, the newest intact checkpoint (%s)", e, step, kept)
+      if set_aside_corrupt and corrupt:
+        self._manager.reload()
+      return restored
+    raise ValueError(f"no intact checkpoint under {self.directory}: {'; '.join(map(str, corrupt))}. Move them "
+                     "aside to start afresh, or use a new --workdir")
+
+  def _restore(self, abstract_state, step: int) -> Restored:
     where = f"checkpoint {os.path.join(self.directory, str(step))}"
+    items = dict(data=ocp.args.JsonRestore(), rng=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())
+    if (epath.Path(self.directory) / str(step) / "checksums").exists():  # none in checkpoints of older code
+      items["checksums"] = ocp.args.JsonRestore()
     try:
-      saved = self._manager.restore(step, args=ocp.args.Composite(
-          data=ocp.args.JsonRestore(), rng=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+      saved = self._manager.restore(step, args=ocp.args.Composite(**items))
       saved_state = self._manager.item_metadata(step).state
     except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many kinds)
-      raise _unreadable(where, e) from e
+      raise _unreadable(step, where, e) from e
     self._check_model(where, saved_state, abstract_state, saved.config)
     if self._tokenizer and saved.data.get("tokenizer_sha256") not in (None, self._tokenizer):
       raise ValueError(f"{where} was trained with another tokenizer (their SHA-256 differ): resume with the "
@@ -107,9 +150,30 @@ class Checkpointer:
       state = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state))).state
     except Exception as e:  # pylint: disable=broad-except
-      raise _unreadable(where, e) from e
+      raise _unreadable(step, where, e) from e
+    if "checksums" in items:
+      sums = checksums(state)
+      differ = sorted(k for k, v in sums.items() if saved.checksums.get(k) != v)
+      if differ:
+        raise CorruptCheckpointError(step, f"{where} is corrupt: the bytes of {len(differ)} of its {len(sums)} arrays "
+                                     f"(e.g. {differ[0]}) differ from the checksums saved with it")
     rng = None if saved.rng is None else jax.random.wrap_key_data(np.asarray(saved.rng, np.uint32))
-    return Restored(state, self._position(saved.data, step), rng, saved.config)
+    self.restored_step = step
+    return Restored(state, self._position(saved.data, step), rng, saved.config, step)
+
+  def _set_aside(self, step: int) -> str:
+    """Renames a corrupt checkpoint out of Orbax's sight (process 0; every process waits for it)."""
+    path = epath.Path(self.directory) / str(step)
+    target = path.with_name(f"{step}.corrupt")
+    n = 1
+    while target.exists():
+      n += 1
+      target = path.with_name(f"{step}.corrupt{n}")
+    if jax.process_index() == 0:
+      path.rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"electra_jax set aside {step}")
+    return f"kept as {target}"
 
   def _check_model(self, where: str, saved_tree, abstract_state, saved_config: dict):
     """A clear error when the checkpoint holds another model than this run builds (Orbax's would name one array)."""
@@ -140,21 +204,45 @@ class Checkpointer:
     return position
 
   def close(self):
-    """Waits for the pending save; raises if it failed."""
+    """Waits for the pending save, then closes; raises if it failed (unless save() already raised that failure)."""
+    reported = self._failure is not None
     try:
-      self._manager.wait_until_finished()
+      try:
+        self._manager.wait_until_finished()
+      finally:
+        self._manager.close()
     except Exception as e:  # pylint: disable=broad-except
-      raise self._save_error(e) from e
-    finally:
-      self._manager.close()
+      error = self._save_failed(e)
+      if not reported:
+        raise error from e
 
-  def _save_error(self, e: Exception) -> OSError:
-    """The failed save's temporary directory is removed now (Orbax would at the next start): nothing half-written."""
-    if jax.process_index() == 0:
-      for tmp in epath.Path(self.directory).glob("*.orbax-checkpoint-tmp*"):
+  def _save_failed(self, e: Exception) -> OSError:
+    """The one-line error of a failed save, once its temporary directories are gone: nothing half-written remains,
+    whichever thread (the step loop's save, Orbax's background commit, close) saw the failure first."""
+    if self._failure is None:
+      self._failure = OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}); the earlier "
+                              "checkpoints are intact: free space or fix the cause, then re-run to resume")
+      try:
+        self._manager.wait_until_finished()  # the save's other threads stop; the same failure is raised again
+      except Exception:  # pylint: disable=broad-except
+        pass
+      if jax.process_index() == 0:
+        _remove_tmp_dirs(self.directory)
+    return self._failure
+
+
+def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):
+  """Deletes <step>.orbax-checkpoint-tmp* under `directory`. Orbax stops at the first failed write, but TensorStore
+  finishes the writes already started, which can re-create files there: delete until none appears for `quiet_s`."""
+  quiet_since = start = time.monotonic()
+  while time.monotonic() - quiet_since < quiet_s and time.monotonic() - start < limit_s:
+    for tmp in epath.Path(directory).glob("*.orbax-checkpoint-tmp*"):
+      quiet_since = time.monotonic()
+      try:
         tmp.rmtree()
-    return OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}); the earlier checkpoints "
-                   "are intact: free space or fix the cause, then re-run to resume")
+      except OSError:  # changed while deleting it: the next round finishes it
+        pass
+    time.sleep(0.05)
 
 
 def _first_line(e: BaseException) -> str:
@@ -162,15 +250,28 @@ def _first_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _unreadable(where: str, e: Exception) -> ValueError:
-  return ValueError(f"{where} is unreadable ({_first_line(e)}): delete it to resume from the one before, or use a "
-                    "new --workdir")
+def _unreadable(step: int, where: str, e: Exception) -> CorruptCheckpointError:
+  return CorruptCheckpointError(step, f"{where} is unreadable ({_first_line(e)})")
+
+
+def _named_leaves(tree):
+  """('params.discriminator.layer_0...', leaf): the same names for a TrainState and Orbax's metadata tree."""
+  return ((".".join(re.findall(r"\w+", jax.tree_util.keystr(k))), v)
+          for k, v in jax.tree_util.tree_leaves_with_path(tree))
 
 
 def _shapes(tree) -> dict:
-  """{'params.discriminator.layer_0...': shape}: the same names for a TrainState and Orbax's metadata tree."""
-  return {".".join(re.findall(r"\w+", jax.tree_util.keystr(k))): tuple(v.shape)
-          for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+  return {name: tuple(v.shape) for name, v in _named_leaves(tree)}
+
+
+def checksums(tree) -> dict:
+  """{name: CRC-32 of the global array's bytes}, the same on any mesh. Each array is copied to the host (gathered
+  from every process where it is not fully addressable), one at a time: a pass over the state in host memory."""
+  def crc(x) -> int:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      x = multihost_utils.process_allgather(x, tiled=True)
+    return zlib.crc32(np.ascontiguousarray(jax.device_get(x)).reshape(-1).view(np.uint8))
+  return {name: crc(x) for name, x in _named_leaves(tree)}
 
 
 def abstract(tree, shardings):

@@ -2,6 +2,7 @@
 import dataclasses
 import functools
 import math
+import sys
 import time
 from typing import Any, Callable
 
@@ -207,10 +208,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                           watcher.signal or "a preemption notice", step, ckpt.directory)
           break
     finally:
-      bar.close()
-      train_iter.close()
-      writer.close()
-      ckpt.close()
+      # Every closer runs (ckpt.close waits for a pending save and cleans up a failed one), and none replaces the
+      # loop's own error: a closer's error is raised only when the loop had none, and only the first one.
+      error, closing_error = sys.exc_info()[1], None
+      for close in (bar.close, train_iter.close, writer.close, ckpt.close):
+        try:
+          close()
+        except Exception as e:  # pylint: disable=broad-except
+          if error or closing_error:
+            logging.warning("%s also failed: %s", close.__qualname__, " ".join(str(e).split()))
+          else:
+            closing_error = e
+      if closing_error:
+        raise closing_error
   return state
 
 
@@ -222,11 +232,16 @@ def _check_loop_config(train_config: ml_collections.ConfigDict):
 
 def _check_finite(step: int, step_metrics: dict, ckpt: checkpoints.Checkpointer):
   loss, grad_norm = (float(v) for v in jax.device_get((step_metrics["loss"], step_metrics["grad_norm"])))
-  if not math.isfinite(loss) or not math.isfinite(grad_norm):
-    kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
-    raise FloatingPointError(f"loss={loss} grad_norm={grad_norm} at step {step}: stopped without saving it; the last "
-                             f"good checkpoint is kept (step {kept} under {ckpt.directory})" if kept else
-                             f"loss={loss} grad_norm={grad_norm} at step {step}: stopped (no checkpoint yet)")
+  if math.isfinite(loss) and math.isfinite(grad_norm):
+    return
+  where = f"loss={loss} grad_norm={grad_norm} at step {step}"
+  if ckpt.last_saved is None and ckpt.restored_step == step - 1:  # no good step since the restore vouches for it
+    raise FloatingPointError(f"{where}, the first step after resuming from step {step - 1}: that checkpoint may be "
+                             f"corrupt ({ckpt.directory}/{step - 1}); move it aside to resume from the one before, "
+                             "or use a new --workdir")
+  kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
+  raise FloatingPointError(f"{where}: stopped without saving it; the last good checkpoint is kept (step {kept} "
+                           f"under {ckpt.directory})" if kept else f"{where}: stopped (no checkpoint yet)")
 
 
 def _restore_or_init(exp: Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
@@ -240,7 +255,7 @@ def _restore_or_init(exp: Experiment, ckpt: checkpoints.Checkpointer, tokenizer_
     if exp.config.train.init_from:
       state = state.replace(params=_imported_params(exp, abstract_state.params, tokenizer_path))
     return state, None, rng
-  restored = ckpt.restore(checkpoints.abstract(abstract_state, exp.state_sharding))
+  restored = ckpt.restore(checkpoints.abstract(abstract_state, exp.state_sharding), set_aside_corrupt=True)
   logging.info("Resumed from step %d onto a %s mesh", int(restored.state.step), dict(exp.mesh.shape))
   return restored.state, restored.data_state, rng if restored.rng is None else restored.rng
 
