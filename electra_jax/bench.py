@@ -7,15 +7,17 @@ Compiles the step (reports compile time and compiled.memory_analysis()), warms u
 steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
 [CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
 ones from the prepared dataset under --data_dir. FLOPs, TFLOP/s and MFU come from electra_jax.metrics. The last line
-of output is one JSON object (see DESIGN.md).
+of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, ...).
 """
 import json
 import os
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
+
+from electra_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
@@ -28,7 +30,6 @@ _PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 50, "Batches timed 
 _MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "Only lower and compile the step and report its memory.")
 _SHARDS = flags.DEFINE_integer("shards", 1, "With --memory_only: compile for one device's share of the global batch "
                                "split over this many devices (8 for a v3-8), data parallel.")
-flags.mark_flags_as_required(["config"])
 
 NUM_BATCHES = 4  # distinct device-resident batches cycled through the timed window
 
@@ -96,9 +97,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
               pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from electra_jax import metrics, sharding, train  # pylint: disable=g-import-not-at-top
@@ -118,7 +117,7 @@ def main(argv):
   devices = [device] if _MEMORY_ONLY.value else None
   if _MEMORY_ONLY.value:
     if config.train.batch_size % _SHARDS.value:
-      raise app.UsageError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={_SHARDS.value}")
+      raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={_SHARDS.value}")
     config.train.batch_size //= _SHARDS.value
   exp = train.create(config, special, devices=devices)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
@@ -170,7 +169,8 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run("electra-bench", __doc__, main, [_CONFIG, _STEPS, _WARMUP, _DATA_DIR, _PIPELINE, _PIPELINE_BATCHES,
+                                           _MEMORY_ONLY, _SHARDS], required=["config"])
 
 
 if __name__ == "__main__":

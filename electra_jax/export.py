@@ -1,6 +1,8 @@
 """electra-export: a pre-training checkpoint as an HF transformers ELECTRA directory, and HF ELECTRA back into ours.
 
-  electra-export --workdir=runs/demo --output=exports/demo [--step=N] [--overwrite]
+  electra-export --workdir=runs/demo --output=exports/demo
+  electra-export --workdir=runs/demo --output=exports/demo_step1000 --step=1000
+  electra-export --workdir=runs/demo --output=exports/demo --overwrite                 # replace an earlier export
 
 writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel), OUT/generator/ = the generator
 (ElectraForMaskedLM), each with model.safetensors, config.json and the tokenizer: tokenizer.json (read by
@@ -27,9 +29,10 @@ import uuid
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from flax import traverse_util
 
+from electra_jax import cli
 from electra_jax import config as config_lib
 from electra_jax import modeling
 from electra_jax import tokenizer as tokenizer_lib
@@ -355,25 +358,19 @@ def export_workdir(workdir: str, output: str, step: int | None = None, overwrite
   export(config, params, output, overwrite=overwrite)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  f = flags.FLAGS
-  try:
-    export_workdir(f.workdir, f.output, f.step, f.overwrite)
-  except (FileNotFoundError, FileExistsError, ValueError) as e:
-    raise SystemExit(f"error: {e}") from None
-  logging.info("Exported %s to %s", f.workdir, f.output)
-
-
 def run():
   # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
-  flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/).")
-  flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in OUTPUT/generator).")
-  flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
-  flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")
-  flags.mark_flags_as_required(["workdir", "output"])
-  app.run(main)
+  own = [flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/)."),
+         flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in "
+                             "OUTPUT/generator)."),
+         flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest intact one)."),
+         flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")]
+  workdir, output, step, overwrite = own
+
+  def main():
+    export_workdir(workdir.value, output.value, step.value, overwrite.value)
+    logging.info("Exported %s to %s", workdir.value, output.value)
+  cli.run("electra-export", __doc__, main, own, required=["workdir", "output"])
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import app, flags, logging
+from absl import flags, logging
 
+from electra_jax import cli
 from electra_jax import config as config_lib
 from electra_jax import modeling, optim, sharding
 from electra_jax import train as train_lib
@@ -463,24 +464,17 @@ def _write(workdir: str, ft, results: dict):
 
 # --- Entry point -----------------------------------------------------------------------------------------------------
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  sharding.initialize_runtime()
-  try:
-    results = finetune(flags.FLAGS.config, flags.FLAGS.workdir)
-  except (FileNotFoundError, FileExistsError, ValueError) as e:
-    raise SystemExit(f"error: {e}") from None
-  logging.info("%s", json.dumps(results))
-
-
 def run():
   # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()).", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Where config.json and eval_results.json go.")
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  config = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
+                                           "init_from, model, training.", lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, "Where config.json and eval_results.json go.")
+
+  def main():
+    sharding.initialize_runtime()
+    logging.info("%s", json.dumps(finetune(config.value, workdir.value)))
+  cli.run("electra-finetune", __doc__, main, [config, workdir], required=["config", "workdir"])
 
 
 if __name__ == "__main__":

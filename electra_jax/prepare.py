@@ -12,10 +12,11 @@ import json
 import os
 import tempfile
 
-from absl import app, flags, logging
+from absl import logging
 from etils import epath
 from ml_collections import config_flags
 
+from electra_jax import cli
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.special_ids import SpecialIds
 
@@ -105,26 +106,21 @@ def prepare(config) -> PreparedData:
   return load(config)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    prepared = prepare(flags.FLAGS.config)
-  except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
-    raise SystemExit(f"electra-prepare: error: {e}") from None
+def _report(prepared: PreparedData, seq_len: int):
   print(f"tokenizer: {prepared.tokenizer_path} ({prepared.vocab_size} pieces, special ids {prepared.special_ids})")
   print(f"dataset:   {prepared.dataset_dir}")
   for split, s in prepared.stats.items():
     print(f"  {split}: {s['documents']} documents, {s['lines']} lines, {s['tokens']} tokens -> {s['examples']} "
-          f"examples of {flags.FLAGS.config.data.seq_len}; truncated tokens {s['truncated_tokens']} "
+          f"examples of {seq_len}; truncated tokens {s['truncated_tokens']} "
           f"({s['truncated_tokens'] / max(s['tokens'], 1):.1%}); replaced bytes {s['replaced_bytes']}")
 
 
 def run():
   # Flags are defined here, not at import: train.py imports this module as a library next to electra-pretrain's flags.
-  config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True)
-  flags.mark_flag_as_required("config")
-  app.run(main)
+  config = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings "
+                                           "say what to prepare and where.", lock_config=True)
+  cli.run("electra-prepare", __doc__, lambda: _report(prepare(config.value), config.value.data.seq_len), [config],
+          required=["config"])
 
 
 if __name__ == "__main__":

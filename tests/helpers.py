@@ -22,8 +22,9 @@ def sotu_sentences() -> list[str]:
 
 
 def assert_one_line_error(result, message: str):
-  """A CLI run that failed with exit status 1 and one "error: ..." line naming `message`, no traceback."""
-  errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
+  """A CLI run that failed with exit status 1 and one "electra-<command>: error: ..." line naming `message`, no
+  traceback."""
+  errors = [l for l in result.stderr.splitlines() if re.match(r"electra-\w+: error: ", l)]
   assert result.returncode == 1 and len(errors) == 1 and message in errors[0], result.stderr[-3000:]
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
 

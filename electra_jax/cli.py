@@ -1,0 +1,90 @@
+"""What every electra-* command shares: flag parsing, the one-line error, and --help.
+
+Bad input ends a command with one line "<command>: error: ..." on stderr and exit status 1, never a traceback: a
+flag that does not exist or has a bad value, a config key that does not exist or has the wrong type at any depth, a
+config file that does not load, extra arguments, and the ValueError, OSError or FloatingPointError the library raises
+for bad data, workdirs and checkpoints. `-v=1` also logs the traceback. Anything else is a bug, and keeps its
+traceback.
+
+--help (or -h, --helpshort) prints the command's docstring (what it does, with example commands), its own flags
+with their defaults and the role of the config file; --helpfull adds every library flag (absl, JAX, TensorFlow).
+"""
+import sys
+import textwrap
+from typing import Callable, Sequence
+
+from absl import app, flags, logging
+
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")
+HELPFULL = ("-helpfull", "--helpfull")
+
+CONFIG_HELP = """\
+The config file (--config=configs/NAME.py) is Python whose get_config() returns every setting of the run. Override
+any key, at any depth, after it: --config.SECTION.KEY=VALUE (e.g. --config.train.batch_size=32). A key that does not
+exist, or a value of the wrong type, is refused in one line."""
+
+
+def fail(command: str, message) -> None:
+  """Exits 1 after the one line "<command>: error: <message>" (whitespace folded, so it is one line)."""
+  sys.stderr.write(f"{command}: error: {' '.join(str(message).split())}\n")
+  sys.stderr.flush()
+  sys.exit(1)
+
+
+def _describe(e: Exception) -> str:
+  """A flag-parsing error in words: config_flags reports a misspelt key as a KeyError or an AttributeError (around a
+  KeyError, one level down), whose text is the key's repr and a "Did you mean" hint."""
+  if not isinstance(e, (KeyError, AttributeError)):
+    return str(e)
+  cause = e.args[0] if e.args else e
+  return f"unknown config key {cause.args[0] if isinstance(cause, KeyError) and cause.args else cause}"
+
+
+def _flag_help(flag: flags.Flag, required: bool) -> str:
+  name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+  default = "required" if required else None if flag.default is None else f"default: {flag.default_as_str}"
+  text = f"{name}: {flag.help}" + (f" ({default})" if default else "")
+  return textwrap.fill(text, 116, initial_indent="  ", subsequent_indent="    ")
+
+
+def usage(doc: str, own: Sequence[flags.FlagHolder], required: Sequence[str]) -> str:
+  lines = [doc.strip(), "", "Flags:"]
+  lines += [_flag_help(flags.FLAGS[h.name], h.name in required) for h in own]
+  if any(h.name == "config" for h in own):
+    lines += ["", CONFIG_HELP]
+  lines += ["", "-v=1 logs the traceback of an error; --helpfull lists the library flags too."]
+  return "\n".join(lines)
+
+
+def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.FlagHolder],
+        required: Sequence[str] = ()):
+  """Runs `main()` as `command` (an absl app): `own` are its flags (listed by --help), `required` their names that
+  must be given."""
+  flags.mark_flags_as_required(required)
+
+  def parse(argv):
+    if any(a in HELP or a in HELPFULL for a in argv[1:]):
+      print(usage(doc, own, required))
+      if any(a in HELPFULL for a in argv[1:]):
+        print("\nEvery flag:\n" + flags.FLAGS.get_help())
+      sys.exit(0)
+    try:
+      argv = flags.FLAGS(argv)
+      for holder in own:
+        holder.value  # pylint: disable=pointless-statement  (a config file that does not load raises here)
+    except Exception as e:  # pylint: disable=broad-except  (any error here comes from the command line)
+      logging.debug("%s: bad flags", command, exc_info=True)
+      fail(command, _describe(e))
+    if len(argv) > 1:
+      fail(command, f"unexpected arguments: {' '.join(argv[1:])} (flags are written --name=value)")
+    return argv
+
+  def run_main(_):
+    try:
+      main()
+    except USER_ERRORS as e:
+      logging.debug("%s failed", command, exc_info=True)
+      fail(command, e)
+
+  app.run(run_main, flags_parser=parse)
