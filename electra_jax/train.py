@@ -127,20 +127,23 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
 
 
 def evaluate(exp: Experiment, params, batches) -> dict:
-  """Mean metrics over `batches`, with the discriminator's precision and recall on replaced tokens."""
+  """Metrics over `batches`, summed on device and fetched once: means, the discriminator's precision and recall on
+  replaced tokens, and its ROC AUC (replaced vs original over every non-pad token)."""
   rng = jax.random.key(exp.config.train.seed + 1)
-  totals, n = {}, 0
+  totals, n = None, 0
   for batch in batches:
-    out = jax.device_get(exp.eval(params, batch, rng))
-    for k, v in out.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
+    out = exp.eval(params, batch, rng)
+    totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     n += 1
   if not n:
     return {}
-  result = {k: v / n for k, v in totals.items() if not k.startswith("disc_") or k in ("disc_loss", "disc_accuracy")}
+  totals = jax.device_get(totals)
+  result = {k: float(v) / n for k, v in totals.items() if not k.startswith("disc_") or
+            k in ("disc_loss", "disc_accuracy")}
   if "disc_true_positives" in totals:
-    result["disc_precision"] = totals["disc_true_positives"] / max(totals["disc_predicted_positives"], 1.0)
-    result["disc_recall"] = totals["disc_true_positives"] / max(totals["disc_label_positives"], 1.0)
+    result["disc_precision"] = float(totals["disc_true_positives"] / max(totals["disc_predicted_positives"], 1.0))
+    result["disc_recall"] = float(totals["disc_true_positives"] / max(totals["disc_label_positives"], 1.0))
+    result["disc_auc"] = objectives.roc_auc(totals["disc_auc_histogram"])
   return {f"eval_{k}": v for k, v in result.items()}
 
 
