@@ -3,8 +3,10 @@
 The subprocesses see the 8 simulated devices of conftest.py (XLA_FLAGS is inherited) and share one JAX compilation
 cache, so only the first of them compiles the step.
 """
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -22,11 +24,9 @@ def cmd(config, workdir, *flags) -> list[str]:
           f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *flags]
 
 
-def run(environ, config, workdir, *flags, shell_setup="") -> subprocess.CompletedProcess:
-  """Runs to the end (`timeout -k`: a hung run is killed), after `shell_setup` (e.g. "ulimit -f 256") if given."""
-  command = ["timeout", "-k", "10", "420", *cmd(config, workdir, *flags)]
-  if shell_setup:
-    command = ["sh", "-c", f'{shell_setup} && exec "$@"', "sh", *command]
+def run(environ, config, workdir, *flags, wrapper=()) -> subprocess.CompletedProcess:
+  """Runs to the end (`timeout -k`: a hung run is killed), under `wrapper` (a command prefix) if given."""
+  command = [*wrapper, "timeout", "-k", "10", "420", *cmd(config, workdir, *flags)]
   return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, check=False)
 
 
@@ -58,3 +58,33 @@ def logged_steps(workdir) -> list[int]:
 def checkpoint_dirs(workdir) -> list[str]:
   path = os.path.join(workdir, "checkpoints")
   return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def file_hashes(path) -> dict:
+  """Every file under `path` with its content's hash: what must not change."""
+  out = {}
+  for root, _, files in os.walk(path):
+    for f in files:
+      with open(os.path.join(root, f), "rb") as fh:
+        out[os.path.relpath(os.path.join(root, f), path)] = hashlib.sha256(fh.read()).hexdigest()
+  return out
+
+
+def spoil(checkpoint, what: str):
+  """Inverts the first 64 bytes of every file of a checkpoint's arrays ("unreadable": metadata included), 64 bytes
+  in the middle of each data file over 10 kB that a process wrote, state/ocdbt.process_*/d/* ("corrupt": the values
+  change, yet TensorStore reads them; the b-tree nodes, in smaller files and in state/d/, have checksums of their
+  own), or deletes the arrays ("partial")."""
+  state = os.path.join(checkpoint, "state")
+  if what == "partial":
+    shutil.rmtree(state)
+  for root, _, files in os.walk(state):
+    for f in files:
+      path = os.path.join(root, f)
+      data_file = os.path.basename(root) == "d" and os.path.basename(os.path.dirname(root)).startswith("ocdbt.process_")
+      if what == "unreadable" or (data_file and os.path.getsize(path) > 10_000):
+        with open(path, "r+b") as fh:
+          data = fh.read()
+          at = 0 if what == "unreadable" else len(data) // 2
+          fh.seek(at)
+          fh.write(bytes(b ^ 0xff for b in data[at:at + 64]))

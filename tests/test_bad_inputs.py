@@ -1,16 +1,17 @@
-"""Bad input to electra-pretrain: each case exits 1 with one line "electra-pretrain: error: ..." (the last line of
-stderr, no traceback) and leaves the workdir as it was (absent, or byte for byte unchanged). docs/reliability.md lists
-the same cases with their messages.
+"""Bad input to every command: each case exits 1 with one line "<command>: error: ..." (the last line of stderr, no
+traceback); electra-pretrain's cases also leave the workdir as it was (absent, or byte for byte unchanged).
+docs/reliability.md lists the same cases with their messages. And --help: what the command does, its own flags.
 
-The cases run as real subprocesses, several at once (they are mostly start-up time), from one module fixture.
+The cases run as real subprocesses, several at once (they are mostly start-up time), from module fixtures.
 """
 import concurrent.futures
 import copy
-import hashlib
 import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -19,45 +20,52 @@ from tests import pretrain_cli as cli
 
 RUN = ("--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=1000")
 # "Disk full": files may not grow past 256 KiB (RLIMIT_FSIZE), less than the tiny checkpoint's data. Python ignores
-# SIGXFSZ, so writes fail with EFBIG as they would with ENOSPC; no root or tmpfs needed.
-DISK_FULL = "ulimit -f 256"
+# SIGXFSZ, so writes fail with EFBIG as they would with ENOSPC; no root or tmpfs needed. The shared compilation cache
+# is left alone: its writes would fail too, and leave truncated entries.
+DISK_FULL = ("env", "JAX_ENABLE_COMPILATION_CACHE=false", "sh", "-c", 'ulimit -f 256 && exec "$@"', "sh")
+# Root writes anywhere: without CAP_DAC_OVERRIDE (dropped from the bounding set) it obeys permission bits like a user.
+AS_A_USER = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--") if os.geteuid() == 0 else ()
 
 
-def _tree(path) -> dict:
-  """Every file under `path` with its content's hash: what must not change."""
-  if not os.path.exists(path):
-    return {}
-  out = {}
-  for root, _, files in os.walk(path):
-    for f in files:
-      with open(os.path.join(root, f), "rb") as fh:
-        out[os.path.relpath(os.path.join(root, f), path)] = hashlib.sha256(fh.read()).hexdigest()
-  return out
+class _Setting(dict):
+  """What the cases need, each made on first use (a run of some cases, e.g. -k disk_full, makes only theirs): a
+  finished 2-step run to spoil, a prepared dataset with one example, and one with a 1000-piece vocabulary."""
+
+  def __init__(self, config, base):
+    super().__init__(base=base)
+    self.config = config
+    self.lock = threading.Lock()  # the cases are launched from several threads
+
+  def __missing__(self, key):
+    with self.lock:
+      if key not in self:
+        self[key] = getattr(self, f"_{key}")()
+    return self[key]
+
+  def _trained(self):
+    c = copy.deepcopy(self.config)
+    c.train.update(num_steps=2, checkpoint_every=2, eval_every=1000)
+    train.train_and_evaluate(c, str(self["base"] / "trained"))
+    return self["base"] / "trained"
+
+  def _few(self):
+    few = copy.deepcopy(self.config)
+    (self["base"] / "few.txt").write_text("One short line of text here.\nAnother short line.\n\nA second document.\n")
+    few.data.update(text_files=str(self["base"] / "few.txt"), tokenizer=prepare.tokenizer_path(self.config),
+                    data_dir=str(self["base"] / "few"), max_documents=0)
+    prepare.prepare(few)
+    return few.data
+
+  def _vocab1000(self):
+    small_vocab = copy.deepcopy(self.config)
+    small_vocab.data.update(vocab_size=1000, data_dir=str(self["base"] / "vocab1000"))
+    prepare.prepare(small_vocab)
+    return small_vocab.data.data_dir
 
 
 @pytest.fixture(scope="module")
 def setting(tiny_data, tmp_path_factory):
-  """A finished 2-step run to spoil, a prepared dataset with one example, and one with a 1000-piece vocabulary."""
-  config, _ = tiny_data
-  base = tmp_path_factory.mktemp("bad_inputs")
-  trained = base / "trained"
-  c = copy.deepcopy(config)
-  c.train.update(num_steps=2, checkpoint_every=2, eval_every=1000)
-  train.train_and_evaluate(c, str(trained))
-
-  few = copy.deepcopy(config)
-  (base / "few.txt").write_text("One short line of text here.\nAnother short line.\n\nA second document.\n")
-  few.data.update(text_files=str(base / "few.txt"), tokenizer=prepare.tokenizer_path(config),
-                  data_dir=str(base / "few"), max_documents=0)
-  prepare.prepare(few)
-
-  small_vocab = copy.deepcopy(config)
-  small_vocab.data.update(vocab_size=1000, data_dir=str(base / "vocab1000"))
-  prepare.prepare(small_vocab)
-  setting = dict(base=base, trained=trained, few=few.data, vocab1000=small_vocab.data.data_dir, mounts=[])
-  yield setting
-  for path in setting["mounts"]:
-    subprocess.run(["umount", str(path)], check=False)
+  return _Setting(tiny_data[0], tmp_path_factory.mktemp("bad_inputs"))
 
 
 def _copy(setting, name):
@@ -67,14 +75,7 @@ def _copy(setting, name):
 
 
 def _spoil(workdir, what):
-  state = workdir / "checkpoints" / "2" / "state"
-  if what == "corrupt":
-    for root, _, files in os.walk(state):
-      for f in files:
-        with open(os.path.join(root, f), "r+b") as fh:
-          fh.write(b"\xff" * 64)
-  else:  # partial: the arrays never made it
-    shutil.rmtree(state)
+  cli.spoil(workdir / "checkpoints" / "2", what)
   return workdir
 
 
@@ -85,25 +86,21 @@ def _a_file(setting, name):
 
 
 def _read_only(setting, name):
-  """A workdir inside a directory nobody may write to: chmod for a normal user, a read-only tmpfs for root, or (where
-  root cannot mount) a workdir whose parent is a regular file, which no one can create."""
+  """A workdir inside a directory nobody may write to (run AS_A_USER, which root obeys too)."""
   path = setting["base"] / name
   os.makedirs(path)
-  if os.geteuid():
-    os.chmod(path, 0o500)
-  elif subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], check=False,
-                      capture_output=True).returncode:
-    os.rmdir(path)
-    path.write_text("not a directory")
-  else:
-    setting["mounts"].append(path)
+  os.chmod(path, 0o500)
   return path / "run"
 
 
-# name -> (workdir maker, flags, message regex[, shell setup]). The workdir maker gets (setting, name).
+# name -> (workdir maker, flags, message regex[, command prefix]). The workdir maker gets (setting, name).
 CASES = {
     "unknown_config_key": (None, ["--config.train.num_stepz=3"],
                            r"unknown config key 'num_stepz' Did you mean \"num_steps\" instead of \"num_stepz\"\?"),
+    "unknown_config_section": (None, ["--config.trian.num_steps=3"],
+                               r"unknown config key 'trian' Did you mean \"train\" instead of \"trian\"\?"),
+    "unknown_flag": (None, ["--workdri=x"], r"Unknown command line flag 'workdri'. Did you mean: workdir \?"),
+    "extra_argument": (None, ["runs/x"], r"unexpected arguments: runs/x \(flags are written --name=value\)"),
     "wrong_value_type": (None, ["--config.train.num_steps=abc"],
                          r"flag --config.train.num_steps=abc: invalid literal for int\(\) with base 10: 'abc'"),
     "missing_config_file": (None, ["--config=configs/nope.py"],
@@ -128,18 +125,23 @@ CASES = {
                                      r"has 1 examples, fewer than one batch \(16\); prepare more data"),
     "workdir_is_a_file": (_a_file, [],
                           r"workdir .* cannot be created: .* is a file"),
-    "unwritable_workdir": (_read_only, [], r"workdir .* (is not writable|cannot be created: .* is a file)"),
+    "unwritable_workdir": (_read_only, [],
+                           r"workdir .*/run is not writable \(no write access to .*/unwritable_workdir\)", AS_A_USER),
     "another_runs_config": (_copy, ["--config.train.learning_rate=0.001"],
                             r"workdir .* holds another run \(its config.json differs: train.learning_rate: 0.002 -> "
                             r"0.001\): use a new --workdir, or pass --allow_config_change"),
     "num_steps_below_the_checkpoint": (_copy, ["--config.train.num_steps=1"],
                                        r"workdir .* is at step 2, past train.num_steps=1: raise "
                                        r"--config.train.num_steps"),
-    "corrupt_checkpoint": (lambda s, n: _spoil(_copy(s, n), "corrupt"), [],
-                           r"checkpoint .*/checkpoints/2 is unreadable \(.*\): delete it to resume from the one "
-                           r"before, or use a new --workdir"),
+    "unreadable_only_checkpoint": (lambda s, n: _spoil(_copy(s, n), "unreadable"), [],
+                                   r"no intact checkpoint under .*/checkpoints: checkpoint .*/checkpoints/2 is "
+                                   r"unreadable \(.*\)\. Move them aside to start afresh, or use a new --workdir"),
+    "corrupt_only_checkpoint": (lambda s, n: _spoil(_copy(s, n), "corrupt"), [],
+                                r"no intact checkpoint under .*/checkpoints: checkpoint .*/checkpoints/2 is corrupt: "
+                                r"the bytes of \d+ of its \d+ arrays \(e.g. \S+\) differ from the checksums saved with "
+                                r"it\. Move them aside"),
     "partial_checkpoint": (lambda s, n: _spoil(_copy(s, n), "partial"), [],
-                           r"checkpoint .*/checkpoints/2 is unreadable \(.*\): delete it"),
+                           r"no intact checkpoint under .*: checkpoint .*/checkpoints/2 is unreadable \(.*\)"),
     "checkpoint_of_other_shapes": (_copy, ["--config.model.intermediate_size=96", "--allow_config_change"],
                                    r"checkpoint .*/checkpoints/2 holds a model of other shapes than this config builds "
                                    r"\(e.g. .*intermediate.* saved, .* here\)"),
@@ -157,15 +159,15 @@ def results(tiny_data, setting, tmp_path_factory, request):
   """name -> (completed process, workdir, its files before), for the cases this session runs."""
   config, _ = tiny_data
   names = [item.callspec.params["name"] for item in request.session.items
-           if item.module.__name__ == __name__ and hasattr(item, "callspec")]
+           if item.module.__name__ == __name__ and item.originalname == "test_bad_input_is_one_clear_line"]
   env = cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
 
   def launch(name):
-    make, flags, _, *shell_setup = CASES[name]
+    make, flags, _, *wrapper = CASES[name]
     workdir = make(setting, name) if make else setting["base"] / name
-    before = _tree(workdir)
-    flags = [f.format(**setting) for f in flags]
-    return cli.run(env, config, workdir, *RUN, *flags, shell_setup="".join(shell_setup)), workdir, before
+    before = cli.file_hashes(workdir)
+    flags = [f.format_map(setting) for f in flags]
+    return cli.run(env, config, workdir, *RUN, *flags, wrapper=wrapper[0] if wrapper else ()), workdir, before
 
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
     return dict(zip(names, pool.map(launch, names)))
@@ -176,8 +178,9 @@ def test_bad_input_is_one_clear_line(results, name):
   out, workdir, before = results[name]
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1, out.stderr[-3000:]
-  if name == "disk_full_while_saving":  # Orbax's threads log the failed write (with tracebacks) around our line
+  if name == "disk_full_while_saving":  # Orbax's threads log the failed write (with tracebacks) before our line
     lines = [l for l in lines if l.startswith("electra-pretrain: ")]
+    assert len(lines) == 1, out.stderr[-3000:]
   else:
     assert "Traceback" not in out.stderr
   assert lines[-1].startswith("electra-pretrain: error: "), lines[-1]
@@ -185,4 +188,86 @@ def test_bad_input_is_one_clear_line(results, name):
   if name == "disk_full_while_saving":  # the run itself wrote config.json and metrics; no checkpoint, whole or part
     assert cli.checkpoint_dirs(workdir) == []
   else:
-    assert _tree(workdir) == before
+    assert cli.file_hashes(workdir) == before
+
+
+# The other commands: flags and config keys are checked while parsing, by the same code (electra_jax/cli.py).
+# name -> (command, flags, message regex).
+CLI_CASES = {
+    "prepare_misspelt_key": ("prepare", ["--config=configs/tiny.py", "--config.data.txt_files=x"],
+                             r"unknown config key 'txt_files' Did you mean \"text_files\" instead of \"txt_files\"\?"),
+    "prepare_value_for_a_section": ("prepare", ["--config=configs/tiny.py", "--config.data=x"],
+                                    r"flag --config.data=x: Failed to parse 'x' as a ConfigDict"),
+    "prepare_no_config": ("prepare", [], r"flag --config=None: Flag --config must have a value other than None"),
+    "finetune_misspelt_key": ("finetune", ["--config=configs/finetune_sentiment.py", "--workdir=w",
+                                           "--config.task.nme=x"],
+                              r"unknown config key 'nme' Did you mean \"name\" instead of \"nme\"\?"),
+    "finetune_wrong_type": ("finetune", ["--config=configs/finetune_sentiment.py", "--workdir=w",
+                                         "--config.train.batch_size=big"],
+                            r"flag --config.train.batch_size=big: invalid literal for int\(\) with base 10: 'big'"),
+    "finetune_missing_config_file": ("finetune", ["--config=configs/nope.py", "--workdir=w"],
+                                     r"Failed loading config file .*nope.py.* No such file or directory"),
+    "export_unknown_flag": ("export", ["--workdir=w", "--output=o", "--stpe=3"],
+                            r"Unknown command line flag 'stpe'. Did you mean: .*step"),
+    "export_wrong_type": ("export", ["--workdir=w", "--output=o", "--step=last"],
+                          r"flag --step=last: invalid literal for int\(\) with base 10: 'last'"),
+    "export_no_output": ("export", ["--workdir=w"], r"flag --output=None: Flag --output must have a value other than "
+                         r"None"),
+    "bench_misspelt_section": ("bench", ["--config=configs/tiny.py", "--config.modle.dtype=float32"],
+                               r"unknown config key 'modle' Did you mean \"model\" instead of \"modle\"\?"),
+    "bench_wrong_type": ("bench", ["--config=configs/tiny.py", "--steps=ten"],
+                         r"flag --steps=ten: invalid literal for int\(\) with base 10: 'ten'"),
+    "bench_extra_argument": ("bench", ["--config=configs/tiny.py", "10"], r"unexpected arguments: 10"),
+}
+COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench")
+OWN_FLAGS = {"prepare": ["config"], "pretrain": ["config", "workdir", "allow_config_change"],
+             "export": ["workdir", "output", "step", "overwrite"], "finetune": ["config", "workdir"],
+             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "memory_only",
+                       "shards"]}
+
+
+def _command(name, *flags, script=False) -> subprocess.CompletedProcess:
+  """`python -m electra_jax.<name>`, or its console script (installed beside the interpreter) if `script`."""
+  exe = [os.path.join(os.path.dirname(sys.executable), f"electra-{name}")] if script else [
+      sys.executable, "-m", f"electra_jax.{name}"]
+  return subprocess.run([*exe, *flags], cwd=cli.ROOT, capture_output=True, text=True, timeout=300, check=False,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+@pytest.fixture(scope="module")
+def cli_results():
+  """Every CLI case and every command's --help (console script) and --helpfull, a few at once."""
+  jobs = {name: (command, flags, False) for name, (command, flags, _) in CLI_CASES.items()}
+  jobs.update({f"{c} --help": (c, ["--help"], True) for c in COMMANDS})
+  jobs["pretrain --helpfull"] = ("pretrain", ["--helpfull"], False)
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    outs = pool.map(lambda job: _command(job[0], *job[1], script=job[2]), jobs.values())
+    return dict(zip(jobs, outs))
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_every_command_refuses_bad_flags_in_one_line(cli_results, name):
+  out = cli_results[name]
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert lines[-1].startswith(f"electra-{CLI_CASES[name][0]}: error: "), lines[-1]
+  assert re.search(CLI_CASES[name][2], lines[-1]), lines[-1]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_is_the_commands_own(cli_results, command):
+  """--help: the docstring (what it does, 2-4 example commands), the command's own flags with their defaults, the
+  config file's role; no library flags."""
+  out = cli_results[f"{command} --help"]
+  assert out.returncode == 0, out.stderr[-3000:]
+  text = out.stdout
+  assert text.startswith(f"electra-{command}: ")
+  assert 2 <= len(re.findall(rf"^  electra-{command} --", text, re.M)) <= 4, text
+  listed = re.findall(r"^  --(?:\[no\])?(\w+):", text, re.M)
+  assert listed == OWN_FLAGS[command], text
+  assert ("The config file (--config=configs/NAME.py)" in text) == ("config" in listed)
+  assert "--verbosity" not in text and "--jax_" not in text
+  if command == "pretrain":
+    assert "--[no]allow_config_change: Continue a workdir" in text and "(default: 'false')" in text
+    full = cli_results["pretrain --helpfull"]
+    assert full.returncode == 0 and full.stdout.startswith(text) and "--verbosity" in full.stdout

@@ -2,10 +2,12 @@
 
 One straight run of N steps is the reference. A second run is killed (SIGKILL right after a checkpoint, SIGKILL in
 the middle of an async save, SIGKILL at seeded random steps), stopped (SIGTERM) and resumed each time by the same
-command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row.
+command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row. So is a run
+that finds its latest checkpoint corrupt and resumes from the one before.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -133,6 +135,38 @@ def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, env
                          "last good checkpoint is kept (step 4 under "), last
   assert cli.checkpoint_dirs(workdir) == ["2", "4"] and cli.logged_steps(workdir) == [1, 2, 3, 4]
   _assert_same_params(_params(straight(), 4), _params(workdir, 4))
+
+  # NaN on the first step after a restore: that checkpoint is suspect, not "good".
+  out = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+  last = out.stderr.strip().splitlines()[-1]
+  assert out.returncode == 1 and re.fullmatch(
+      r"electra-pretrain: error: loss=nan grad_norm=nan at step 5, the first step after resuming from step 4: that "
+      r"checkpoint may be corrupt \(.*/checkpoints/4\); move it aside to resume from the one before, or use a new "
+      r"--workdir", last), last
+  assert cli.checkpoint_dirs(workdir) == ["2", "4"]
+
+
+def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tiny_data, env, straight, tmp_path):
+  """Checkpoint N's arrays altered on disk (the files still parse): one warning line, the run resumes from N - 2
+  and ends as the straight run did; the corrupt checkpoint is kept, byte for byte, under another name."""
+  config, _ = tiny_data
+  workdir = tmp_path / "run"
+  shutil.copytree(straight(), workdir)
+  cli.spoil(workdir / "checkpoints" / str(N), "corrupt")
+  corrupt = cli.file_hashes(workdir / "checkpoints" / str(N))
+  out = cli.run(env, config, workdir, *RUN)
+  assert out.returncode == 0, out.stderr[-3000:]
+  warnings = [l for l in out.stderr.splitlines() if "corrupt" in l]
+  assert len(warnings) == 1 and re.search(
+      rf"checkpoint .*/checkpoints/{N} is corrupt: the bytes of \d+ of its \d+ arrays \(e.g. \S+\) differ from the "
+      rf"checksums saved with it: "
+      rf"using step {N - 2} instead, the newest intact checkpoint \(kept as .*/checkpoints/{N}.corrupt\)$",
+      warnings[0]), warnings
+  assert f"Resumed from step {N - 2} " in out.stderr
+  assert cli.checkpoint_dirs(workdir) == [str(N - 4), str(N - 2), str(N), f"{N}.corrupt"]
+  assert cli.file_hashes(workdir / "checkpoints" / f"{N}.corrupt") == corrupt
+  _assert_same_params(_params(straight()), _params(workdir))
+  assert _metrics(workdir) == _metrics(straight())
 
 
 def test_resume_on_fewer_devices_with_another_batch_size(tiny_data, env, straight, tmp_path):

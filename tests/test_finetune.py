@@ -107,7 +107,9 @@ def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_da
   r = finetune.finetune(_config(init_from=path, **cls_task), str(tmp_path / "from_ckpt"))
   assert json.loads((tmp_path / "from_ckpt" / "eval_results.json").read_text()) == r
   assert r["labels"] == ["negative", "positive"] and r["num_train"] == 320 and r["num_eval"] == 128
-  assert r["num_steps"] == 20 and {"accuracy", "f1", "mcc"} <= set(r) and 0 <= r["accuracy"] <= 1
+  assert r["num_steps"] == 20 and {"accuracy", "f1", "mcc"} <= set(r)
+  correct = r["accuracy"] * r["num_eval"]  # a count of the 128 eval rows
+  assert correct == pytest.approx(round(correct), abs=1e-6) and -1 <= r["mcc"] <= 1
 
   export.export(config, params, str(tmp_path / "hf"))
   r = finetune.finetune(_config(init_from=str(tmp_path / "hf"), **cls_task), str(tmp_path / "from_hf"))
@@ -117,7 +119,21 @@ def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_da
                type="regression", eval_fraction=0.25)
   r = finetune.finetune(_config(tokenizer=tiny_data[1].tokenizer_path, **pairs), str(tmp_path / "random"))
   assert r["init_from"] == "random" and r["labels"] is None and {"pearson", "spearman", "mse"} <= set(r)
+  assert -1 <= r["pearson"] <= 1 and -1 <= r["spearman"] <= 1 and r["mse"] > 0
   assert (r["num_train"], r["num_eval"]) == (168, 56)
+
+
+def test_metrics_against_hand_computed_values():
+  """5 labels, 4 predicted right: TP=2, TN=2, FP=0, FN=1; and a regression with known Pearson, Spearman, MSE."""
+  labels = np.array([0, 1, 1, 0, 1])
+  logits = np.array([[2, 1], [0, 3], [1, 0], [5, 1], [0, 1]], np.float32)  # predicts 0 1 0 0 1
+  m = finetune.compute_metrics(labels, logits, 2)
+  assert m["accuracy"] == pytest.approx(0.8)
+  assert m["f1"] == pytest.approx(2 * 2 / (2 * 2 + 0 + 1))  # 2·TP / (2·TP + FP + FN)
+  assert m["mcc"] == pytest.approx((2 * 2 - 0 * 1) / np.sqrt(2 * 3 * 2 * 3))  # (TP·TN − FP·FN) / √(...)
+  m = finetune.compute_metrics(np.array([1.0, 2.0, 4.0]), np.array([[1.0], [2.0], [3.0]]), 1)
+  assert m["mse"] == pytest.approx(1 / 3)
+  assert m["pearson"] == pytest.approx(9 / np.sqrt(84)) and m["spearman"] == pytest.approx(1.0)
 
 
 def test_pair_encoding_truncates_the_longer_text(tiny_data):

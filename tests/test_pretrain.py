@@ -1,8 +1,11 @@
-"""electra-pretrain end to end on real (tiny) data: the loss falls and metrics.jsonl has every documented field."""
+"""electra-pretrain end to end on real (tiny) data: the loss falls, metrics.jsonl has every documented field, and its
+figures agree with each other."""
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from electra_jax import metrics
 
@@ -25,10 +28,25 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path):
     assert "mfu" in r
   assert records[-1]["loss"] < 0.8 * records[0]["loss"]
   assert records[-1]["mlm_loss"] < records[0]["mlm_loss"]
+  weight, mask_prob = config.objective.disc_weight, config.objective.mask_prob
+  for r in records:  # ELECTRA's loss: the generator's MLM loss plus λ times the discriminator's
+    assert r["loss"] == pytest.approx(r["mlm_loss"] + weight * r["disc_loss"], rel=1e-4)
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [30, 60]
-  for key in ("eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall", "eval_mlm_accuracy"):
-    assert 0.0 <= evals[-1][key] <= 1.0
+  e = evals[-1]
+  assert e["eval_loss"] == pytest.approx(e["eval_mlm_loss"] + weight * e["eval_disc_loss"], rel=1e-4)
+  # Replaced tokens: some of the masked ones (a sample may equal the original).
+  p, precision, recall = e["eval_replaced_fraction"], e["eval_disc_precision"], e["eval_disc_recall"]
+  assert 0.3 * mask_prob < p <= mask_prob + 0.02  # a sequence masks a whole number of tokens
+  # The discriminator does at least as well as calling every token original (1 - p), bar noise.
+  assert 1 - p - 0.02 <= e["eval_disc_accuracy"] <= 1
+  # Accuracy, precision and recall are three views of one confusion matrix: with p the positives' share, true
+  # positives are recall·p, false positives TP/precision - TP, false negatives p - TP.
+  tp = recall * p
+  errors = (tp / precision - tp if precision else 0.0) + p - tp
+  assert e["eval_disc_accuracy"] == pytest.approx(1 - errors, abs=0.01)
+  assert (precision > 0) == (recall > 0)
+  assert 0 < e["eval_mlm_accuracy"] < 1 and e["eval_mlm_accuracy"] > records[0]["mlm_accuracy"]
   assert json.loads((workdir / "config.json").read_text())["train"]["num_steps"] == 60
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
