@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.init_from = ""  # pre-training workdir | HF ELECTRA directory | "" (random init: config.model + config.tokenizer)
   c.init_step = 0  # checkpoint step of a workdir to start from; 0 = the latest
+  c.random_init = False  # init_from's architecture and tokenizer with random weights: the floor pre-training must beat
   c.tokenizer = ""  # .model / vocab.txt; default: init_from's own
   c.model = pretrain.model  # the encoder's sizes, for random init only
   c.overwrite = False  # replace an existing workdir
@@ -72,6 +73,10 @@ def base_config() -> ml_collections.ConfigDict:
       label_field="label",
       eval_fraction=0.2,  # held out of the training rows (seeded) when there is no eval file or split
       split_seed=0,
+      num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
+      # > 0: this fraction of the training rows (before num_train_examples subsets the rest) is a dev fold,
+      # evaluated after every epoch; the reported eval metrics are those of the epoch best on dev.
+      dev_fraction=0.0,
       num_epochs=3.0,
   ))
   c.train = ml_collections.ConfigDict(dict(
@@ -303,9 +308,12 @@ def load_source(ft: ml_collections.ConfigDict):
     config, params = export.import_hf(ft.init_from)
   else:
     from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
-    config, params = checkpoints.load_params(ft.init_from, ft.init_step or None)
+    if ft.random_init:  # the architecture only: no checkpoint is read
+      config, params = checkpoints.load_config(ft.init_from), None
+    else:
+      config, params = checkpoints.load_params(ft.init_from, ft.init_step or None)
   from electra_jax import prepare  # pylint: disable=g-import-not-at-top
-  return config, params, ft.tokenizer or prepare.tokenizer_path(config)
+  return config, None if ft.random_init else params, ft.tokenizer or prepare.tokenizer_path(config)
 
 
 def encoder_params(config, params):
@@ -378,6 +386,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
                      f"{src_config.data.vocab_size}")
   src_config.data.seq_len = min(ft.seq_len, src_config.model.max_position_embeddings)
   train_ex, eval_ex, names = make_examples(ft.task, tok, src_config.data.seq_len)
+  train_ex, dev_ex = _carve(train_ex, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
   regression = names is None
   num_labels = 1 if regression else len(names)
 
@@ -431,21 +440,65 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
       recent = float(np.mean(jax.device_get(losses[-ft.train.log_every:])))
       logging.info("step %d/%d loss %.4f lr %.3g", i + 1, num_steps, recent, schedule(i))
 
-  # Evaluate every example once: the last batch is padded with copies of row 0 and those predictions dropped.
-  n, ebs = len(eval_ex.labels), ft.train.eval_batch_size
-  logits = []
-  for start in range(0, n, ebs):
-    index = np.arange(start, start + ebs) % n if start + ebs > n else np.arange(start, start + ebs)
-    logits.append(np.asarray(jax.device_get(predict(state.params, _to_global(eval_ex, index, batch_sharding)))))
-  logits = np.concatenate(logits)[:n]
-  results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file, init_from=ft.init_from or "random",
+  def evaluate(examples: Examples) -> dict:
+    """Metrics over every example once: the last batch is padded with copies of row 0, whose predictions are
+    dropped."""
+    n, ebs = len(examples.labels), ft.train.eval_batch_size
+    out = []
+    for start in range(0, n, ebs):
+      index = np.arange(start, start + ebs) % n
+      out.append(predict(state.params, _to_global(examples, index, batch_sharding)))
+    return compute_metrics(examples.labels, np.concatenate(jax.device_get(out))[:n], num_labels)
+
+  rng = jax.random.fold_in(jax.random.key(ft.train.seed), 1)
+  order = np.random.default_rng(ft.train.seed)
+  losses, history = [], []
+  logging.info("Fine-tuning %d steps (%d examples, %d labels)", num_steps, len(train_ex.labels), num_labels)
+  for i in range(num_steps):
+    if i % steps_per_epoch == 0:
+      perm = order.permutation(len(train_ex.labels))
+    index = perm[(i % steps_per_epoch) * bs:(i % steps_per_epoch + 1) * bs]
+    state, loss = step(state, _to_global(train_ex, index, batch_sharding), rng)
+    losses.append(loss)
+    if (i + 1) % ft.train.log_every == 0 or i + 1 == num_steps:
+      recent = float(np.mean(jax.device_get(losses[-ft.train.log_every:])))
+      logging.info("step %d/%d loss %.4f lr %.3g", i + 1, num_steps, recent, schedule(i))
+    if dev_ex is not None and ((i + 1) % steps_per_epoch == 0 or i + 1 == num_steps):
+      history.append(dict(step=i + 1, dev=evaluate(dev_ex), eval=evaluate(eval_ex)))
+      logging.info("step %d: dev %s", i + 1, _main_metric(history[-1]["dev"]))
+  n = len(eval_ex.labels)
+  if history:  # model selection on the dev fold, never on the eval split
+    best = max(history, key=lambda h: _main_metric(h["dev"]))
+    final = dict(best["eval"], selected_step=best["step"], dev=best["dev"], history=history)
+  else:
+    final = evaluate(eval_ex)
+  results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file, init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
                  num_train=len(train_ex.labels), num_eval=n, num_steps=num_steps, seed=ft.train.seed,
                  train_loss=float(np.mean(jax.device_get(losses[-steps_per_epoch:]))),
                  labels=names, seconds=round(time.time() - t0, 1))
-  results.update(compute_metrics(eval_ex.labels, logits, num_labels))
+  results.update(final)
   if jax.process_index() == 0:
     _write(workdir, ft, results)
   return results
+
+
+def _carve(examples: Examples, dev_fraction: float, num_train: int, seed: int):
+  """(training examples, dev fold or None): the dev fold is a seeded dev_fraction of the training rows; the rest is
+  cut to a seeded subset of num_train rows when num_train > 0."""
+  order = np.random.default_rng(seed + 1).permutation(len(examples.labels))
+  n_dev = int(round(dev_fraction * len(order)))
+  dev, rest = order[:n_dev], order[n_dev:]
+  if num_train:
+    if num_train > len(rest):
+      raise ValueError(f"task.num_train_examples={num_train} exceeds the {len(rest)} training rows")
+    rest = rest[:num_train]
+  take = lambda idx: Examples(*(x[np.sort(idx)] for x in dataclasses.astuple(examples)))
+  return take(rest), take(dev) if n_dev else None
+
+
+def _main_metric(metrics: dict) -> float:
+  """What model selection maximises: accuracy for classification, Pearson correlation for regression."""
+  return float(np.nan_to_num(metrics["accuracy"] if "accuracy" in metrics else metrics["pearson"], nan=-1.0))
 
 
 def _write(workdir: str, ft, results: dict):

