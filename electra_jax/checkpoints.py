@@ -39,7 +39,6 @@ class Restored(NamedTuple):
   data_state: dict  # the input iterator's position, in this run's batch size
   rng: jax.Array | None  # None for checkpoints written without one
   config: dict  # the config the checkpoint was written with
-  step: int
 
 
 class CorruptCheckpointError(ValueError):
@@ -159,7 +158,7 @@ class Checkpointer:
                                      f"(e.g. {differ[0]}) differ from the checksums saved with it")
     rng = None if saved.rng is None else jax.random.wrap_key_data(np.asarray(saved.rng, np.uint32))
     self.restored_step = step
-    return Restored(state, self._position(saved.data, step), rng, saved.config, step)
+    return Restored(state, self._position(saved.data, step), rng, saved.config)
 
   def _set_aside(self, step: int) -> str:
     """Renames a corrupt checkpoint out of Orbax's sight (process 0; every process waits for it)."""
