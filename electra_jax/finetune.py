@@ -202,7 +202,7 @@ def encode_texts(tok: tokenizer_lib.Tokenizer, texts_a, texts_b, seq_len: int):
   return ids, seg
 
 
-def _sort_key(label):
+def label_sort_key(label):
   try:
     return (0, float(label), "")
   except (TypeError, ValueError):
@@ -224,7 +224,7 @@ def make_examples(task, tok, seq_len: int):
         raise ValueError(f"{where}: regression labels in {task.label_field!r} must be numbers") from None
     elif task.type == "classification":
       if names is None:
-        names = sorted({str(l) for l in raw}, key=_sort_key)
+        names = sorted({str(l) for l in raw}, key=label_sort_key)
       index = {n: i for i, n in enumerate(names)}
       unseen = sorted({str(l) for l in raw} - set(index))
       if unseen:
@@ -473,7 +473,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     final = evaluate(eval_ex)
   results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file, init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
-                 num_train=len(train_ex.labels), num_eval=n, num_steps=num_steps, seed=ft.train.seed,
+                 num_train=len(train_ex.labels), num_eval=n, num_steps=num_steps, steps_per_epoch=steps_per_epoch, seed=ft.train.seed,
                  train_loss=float(np.mean(jax.device_get(losses[-steps_per_epoch:]))),
                  labels=names, seconds=round(time.time() - t0, 1))
   results.update(final)
@@ -482,18 +482,24 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
   return results
 
 
-def _carve(examples: Examples, dev_fraction: float, num_train: int, seed: int):
-  """(training examples, dev fold or None): the dev fold is a seeded dev_fraction of the training rows; the rest is
-  cut to a seeded subset of num_train rows when num_train > 0."""
-  order = np.random.default_rng(seed + 1).permutation(len(examples.labels))
-  n_dev = int(round(dev_fraction * len(order)))
+def carve(n: int, dev_fraction: float, num_train: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(training row indices, dev fold indices) of n training rows: the dev fold is a seeded dev_fraction of them; the
+  rest is cut to a seeded subset of num_train rows when num_train > 0 (smaller budgets are subsets of larger ones)."""
+  order = np.random.default_rng(seed + 1).permutation(n)
+  n_dev = int(round(dev_fraction * n))
   dev, rest = order[:n_dev], order[n_dev:]
   if num_train:
     if num_train > len(rest):
       raise ValueError(f"task.num_train_examples={num_train} exceeds the {len(rest)} training rows")
     rest = rest[:num_train]
-  take = lambda idx: Examples(*(x[np.sort(idx)] for x in dataclasses.astuple(examples)))
-  return take(rest), take(dev) if n_dev else None
+  return np.sort(rest), np.sort(dev)
+
+
+def _carve(examples: Examples, dev_fraction: float, num_train: int, seed: int):
+  """(training Examples, dev Examples or None), per `carve`."""
+  rest, dev = carve(len(examples.labels), dev_fraction, num_train, seed)
+  take = lambda idx: Examples(*(x[idx] for x in dataclasses.astuple(examples)))
+  return take(rest), take(dev) if len(dev) else None
 
 
 def _main_metric(metrics: dict) -> float:

@@ -36,16 +36,15 @@ def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(wo
 
 
 def test_dev_fold_and_label_budget_are_seeded_and_disjoint():
-  n = 1000
-  ex = finetune.Examples(np.arange(n)[:, None], np.zeros((n, 1)), np.arange(n))
-  train, dev = finetune._carve(ex, 0.1, 200, seed=0)  # pylint: disable=protected-access
-  again, dev2 = finetune._carve(ex, 0.1, 500, seed=0)  # pylint: disable=protected-access
-  assert len(dev.labels) == 100 and len(train.labels) == 200 and len(again.labels) == 500
-  np.testing.assert_array_equal(dev.labels, dev2.labels)  # the same dev fold whatever the label budget
-  assert not set(train.labels) & set(dev.labels)
-  assert set(train.labels) <= set(again.labels)  # a smaller budget is a subset of a larger one
+  train, dev = finetune.carve(1000, 0.1, 200, seed=0)
+  again, dev2 = finetune.carve(1000, 0.1, 500, seed=0)
+  assert len(dev) == 100 and len(train) == 200 and len(again) == 500
+  np.testing.assert_array_equal(dev, dev2)  # the same dev fold whatever the label budget
+  assert not set(train) & set(dev)
+  assert set(train) <= set(again)  # a smaller budget is a subset of a larger one
+  assert not np.array_equal(finetune.carve(1000, 0.1, 0, seed=1)[1], dev)  # another seed, another fold
   with pytest.raises(ValueError, match="num_train_examples=2000 exceeds the 900 training rows"):
-    finetune._carve(ex, 0.1, 2000, seed=0)  # pylint: disable=protected-access
+    finetune.carve(1000, 0.1, 2000, seed=0)
 
 
 def test_reported_metrics_are_those_of_the_epoch_best_on_dev(workdir, tmp_path):
