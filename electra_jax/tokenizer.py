@@ -6,13 +6,13 @@ own ids. No TensorFlow here: the model side and the data workers import this mod
 """
 import io
 import os
-import uuid
 from typing import Iterable
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 from etils import epath
 
+from electra_jax import storage
 from electra_jax.special_ids import SpecialIds
 
 SCORE_GRID = 64
@@ -100,10 +100,5 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
   proto = sp_model.ModelProto.FromString(model.getvalue())
   for piece in proto.pieces:
     piece.score = round(piece.score * SCORE_GRID) / SCORE_GRID
-  path = epath.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  # Write next to the target, then rename: a crash never leaves a half-written model behind.
-  tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-  tmp.write_bytes(proto.SerializeToString())
-  tmp.replace(path)
-  return Tokenizer(os.fspath(path))
+  storage.write(path, proto.SerializeToString())  # atomic: a crash never leaves a half-written model behind
+  return Tokenizer(path)

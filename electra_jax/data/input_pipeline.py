@@ -15,6 +15,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from electra_jax import storage
+
 tf.config.set_visible_devices([], "GPU")  # TensorFlow never sees the accelerators (it cannot hide TPUs: tensorflow-cpu)
 
 FEATURES = ("input_ids", "segment_ids")
@@ -24,7 +26,9 @@ class _Reader:
   """Examples of one split by index, parsed a batch at a time."""
 
   def __init__(self, dataset_dir: str, split: str):
-    builder = tfds.builder_from_directory(dataset_dir)
+    # ArrayRecord's reader takes local paths only: a gs:// dataset is read from a local copy (metadata.json changes
+    # whenever electra-prepare rebuilds it).
+    builder = tfds.builder_from_directory(storage.local_dir(dataset_dir, "metadata.json"))
     self.seq_len = builder.info.features["input_ids"].shape[0]
     self.num_examples = builder.info.splits[split].num_examples
     self._source = builder.as_data_source(split=split).data_source  # raw records: one vectorised parse per batch
