@@ -1,5 +1,5 @@
-"""The README's demo: ELECTRA-Small-shaped (narrower) on the embedded State of the Union corpus; pre-training is ~15
-minutes on 2 CPU cores, `make demo` as a whole ~25 (prepare, pre-train, export, fine-tune, summary).
+"""The README's demo: ELECTRA-Small-shaped (narrower) on the embedded State of the Union corpus: 2000 steps of 32 × 128
+tokens, then `make demo` exports, fine-tunes and summarises (docs/pretraining.md has what it learns).
 
 The recipe differs from ELECTRA-Small's where a short CPU run needs it (docs/pretraining.md has the study):
 - dropout 0: each step is cheaper (no random masks), and a run this short does not overfit 2.4M tokens of text;
