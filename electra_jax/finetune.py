@@ -426,20 +426,6 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
   predict = jax.jit(lambda p, b: model.apply({"params": p}, b["input_ids"], b["segment_ids"]),
                     in_shardings=(state_sharding.params, batch_sharding), out_shardings=rep)
 
-  rng = jax.random.fold_in(jax.random.key(ft.train.seed), 1)
-  order = np.random.default_rng(ft.train.seed)
-  losses = []
-  logging.info("Fine-tuning %d steps (%d examples, %d labels)", num_steps, len(train_ex.labels), num_labels)
-  for i in range(num_steps):
-    if i % steps_per_epoch == 0:
-      perm = order.permutation(len(train_ex.labels))
-    index = perm[(i % steps_per_epoch) * bs:(i % steps_per_epoch + 1) * bs]
-    state, loss = step(state, _to_global(train_ex, index, batch_sharding), rng)
-    losses.append(loss)
-    if (i + 1) % ft.train.log_every == 0 or i + 1 == num_steps:
-      recent = float(np.mean(jax.device_get(losses[-ft.train.log_every:])))
-      logging.info("step %d/%d loss %.4f lr %.3g", i + 1, num_steps, recent, schedule(i))
-
   def evaluate(examples: Examples) -> dict:
     """Metrics over every example once: the last batch is padded with copies of row 0, whose predictions are
     dropped."""
