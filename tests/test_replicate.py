@@ -1,6 +1,6 @@
-"""benchmarks/replicate.py end to end on the tiny study (configs/replicate.py:tiny, two objectives): equal FLOPs,
-pre-training, fine-tuning along the way, the report and its figures; running it again reuses every run. And the gpu
-scale's plan is a valid study."""
+"""`python -m benchmarks.replicate` end to end on the tiny study (configs/replicate.py:tiny, two objectives): equal
+FLOPs, pre-training, fine-tuning along the way, the report and its figures; running it again reuses every run. And the
+gpu scale's plan is a valid study."""
 import json
 import os
 import re
@@ -10,14 +10,13 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "replicate.py")
 TASKS = ("sentiment", "trec")
 
 
 def _replicate(*args: str) -> str:
   env = dict(os.environ, PYTHONPATH=ROOT)  # conftest's XLA_FLAGS (8 devices) are inherited
-  out = subprocess.run([sys.executable, SCRIPT, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, check=False)
+  out = subprocess.run([sys.executable, "-m", "benchmarks.replicate", *args], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
   return out.stdout
 
