@@ -42,9 +42,9 @@ def step_time(config, workdir: str, remeasure: bool = False):
     return json.loads(path.read_text())["step_time_s"]
   if not remeasure:
     return None
-  from electra_jax import bench, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import bench, experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
-  exp = train.create(config, SpecialIds())
+  exp = experiment.create(config, SpecialIds())
   seconds = statistics.median(bench.time_steps(exp, config, SpecialIds(), steps=10)["step_time_s"] for _ in range(3))
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(dict(step_time_s=seconds, machine=machine())))

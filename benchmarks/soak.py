@@ -55,7 +55,7 @@ def main():
   args = parser.parse_args()
 
   from configs import tiny  # pylint: disable=g-import-not-at-top
-  from electra_jax import checkpoints, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax import sharding, weights  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
   config = tiny.get_config()
   config.data.data_dir = os.path.join(args.workdir, "data")
@@ -101,7 +101,7 @@ def main():
   rows, ref_rows = _rows(soaked), _rows(reference)
   differing_rows = [r["step"] for r, q in zip(rows, ref_rows) if r != q]
   same_steps = [r["step"] for r in rows] == [r["step"] for r in ref_rows] == list(range(1, args.steps + 1))
-  params = [_leaves(checkpoints.load_params(w)[1]) for w in (soaked, reference)]
+  params = [_leaves(weights.load(w).params) for w in (soaked, reference)]
   differing_params = sum(not np.array_equal(a, b) for a, b in zip(*params))
   result = dict(kills=len(events), sigkill=sum(e["signal"] == "SIGKILL" for e in events),
                 sigterm=sum(e["signal"] == "SIGTERM" for e in events), steps=args.steps, rows_compared=len(rows),

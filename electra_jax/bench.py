@@ -82,10 +82,10 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   """Compile time, compiled memory and steady-state step time of `exp.step`: `steps` steps after `warmup`, with one
   block_until_ready at the end of the window (dispatch runs ahead of the device, as in training)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import metrics  # pylint: disable=g-import-not-at-top
+  from electra_jax import metrics, objectives  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
-  state = exp.init(rng)
-  batches = [{k: jax.device_put(v, exp.batch_sharding) for k, v in b.items()}
+  state = exp.sharded.init(rng)
+  batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()}
              for b in host_batches(config, special, prepared)]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
@@ -100,7 +100,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   seconds = time.perf_counter() - t0
   tokens = steps * config.train.batch_size * config.data.seq_len
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
-              **metrics.throughput(exp.step_flops, tokens, seconds))
+              **metrics.throughput(objectives.step_flops(exp.config), tokens, seconds))
 
 
 def time_pipeline(config, prepared, num_batches: int) -> dict:
@@ -125,7 +125,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import experiment, objectives, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()
@@ -144,17 +144,18 @@ def main():
     if config.train.batch_size % _SHARDS.value:
       raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={_SHARDS.value}")
     config.train.batch_size //= _SHARDS.value
-  exp = train.create(config, special, devices=devices)
+  exp = experiment.create(config, special, devices=devices)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
-  result = dict(config=name, device=device.device_kind, platform=device.platform, num_devices=len(exp.mesh.devices.flat),
+  result = dict(config=name, device=device.device_kind, platform=device.platform,
+                num_devices=len(exp.sharded.mesh.devices.flat),
                 batch=batch_size, seq_len=seq_len, dtype=config.model.dtype, remat=config.model.remat,
-                step_flops=exp.step_flops, jax=jax.__version__)
+                step_flops=objectives.step_flops(exp.config), jax=jax.__version__)
 
   if _MEMORY_ONLY.value:
     rng = jax.random.key(config.train.seed)
-    state = jax.eval_shape(exp.init, rng)
+    state = jax.eval_shape(exp.sharded.init, rng)
     t0 = time.perf_counter()
-    shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.batch_sharding)
+    shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.sharded.batch)
     compiled = exp.step.lower(state, {"input_ids": shapes, "segment_ids": shapes}, rng).compile()
     result.update(compile_s=time.perf_counter() - t0, shards=_SHARDS.value, **memory_report(compiled))
     if device.platform == "cpu":

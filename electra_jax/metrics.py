@@ -6,8 +6,7 @@ FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is
   + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
   + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
     (All-Tokens MLM applies it at every position).
-Two-stage ELECTRA reports the average step of its run: f · G's training + (1 − f) · (G's forward, a third of its
-training, + D's training), with f = two_stage_fraction.
+objectives.py composes these per objective.
 """
 import json
 import os
@@ -16,7 +15,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from electra_jax import modeling, objectives, storage
+from electra_jax import modeling, storage
 
 # Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
 PEAK_FLOPS = {
@@ -43,35 +42,14 @@ def peak_flops(device=None):
   return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
 
 
-def _encoder_flops(mc: modeling.ModelConfig, e: modeling.EncoderConfig, batch: int, seq_len: int) -> float:
+def encoder_flops(mc: modeling.ModelConfig, e: modeling.EncoderConfig, batch: int, seq_len: int) -> float:
   per_layer = 4 * e.hidden_size ** 2 + 2 * e.hidden_size * e.intermediate_size
   matmul = e.num_layers * per_layer + (mc.embedding_size * e.hidden_size if mc.embedding_size != e.hidden_size else 0)
   return 6 * matmul * batch * seq_len + 12 * e.num_layers * seq_len ** 2 * e.hidden_size * batch
 
 
-def _mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> float:
+def mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> float:
   return 6 * (hidden * mc.embedding_size + mc.embedding_size * mc.vocab_size) * positions
-
-
-def train_flops(mc: modeling.ModelConfig, objective: str, mask_prob: float, batch: int, seq_len: int,
-                two_stage_fraction: float = 0.5) -> float:
-  """FLOPs of one training step of `objective` at global batch × seq_len (see the module docstring)."""
-  d, g = mc.discriminator, mc.generator
-  masked = batch * objectives.max_predictions(mask_prob, seq_len)
-  d_encoder = _encoder_flops(mc, d, batch, seq_len)
-  if objective == "mlm":
-    return d_encoder + _mlm_head_flops(mc, d.hidden_size, masked)
-  generator = _encoder_flops(mc, g, batch, seq_len) + _mlm_head_flops(mc, g.hidden_size, masked)
-  if objective == "replace_mlm":
-    return d_encoder + generator + _mlm_head_flops(mc, d.hidden_size, masked)
-  if objective == "all_tokens_mlm":
-    return (d_encoder + generator + _mlm_head_flops(mc, d.hidden_size, batch * seq_len) +
-            6 * d.hidden_size ** 2 * batch * seq_len)
-  discriminator = d_encoder + 6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len  # with its head
-  if objective == "two_stage":
-    f = two_stage_fraction
-    return f * generator + (1 - f) * (generator / 3 + discriminator)
-  return generator + discriminator
 
 
 def throughput(step_flops: float, tokens: int, seconds: float) -> dict:
@@ -93,7 +71,7 @@ class Writer:
   """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://;
   tensorboardX writes gs:// through google-cloud-storage). Only process 0 writes; other processes get a no-op writer.
   A gs:// object cannot be appended to: there metrics.jsonl is rewritten whole at each write (an upload is
-  atomic)."""
+  atomic). Opening it for a run resuming at `start_step` drops the records a killed run logged past that step."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -101,6 +79,7 @@ class Writer:
       return
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self._path = epath.Path(workdir) / "metrics.jsonl"
+    _rewind(self._path, start_step)
     if storage.is_remote(workdir):
       self._jsonl, self._text = None, self._path.read_text() if self._path.exists() else ""
     else:
@@ -129,3 +108,17 @@ class Writer:
       if self._jsonl is not None:
         self._jsonl.close()
       self._tb.close()
+
+
+def _rewind(path: epath.Path, step: int):
+  """Keeps the records up to `step` (dropping a line cut by a kill), so a resumed run logs each step once."""
+  if not path.exists():
+    return
+  kept = []
+  for line in path.read_text().splitlines(keepends=True):
+    try:
+      if json.loads(line)["step"] <= step:
+        kept.append(line)
+    except (ValueError, KeyError):
+      pass
+  storage.write(path, "".join(kept))

@@ -75,7 +75,7 @@ def _init(config: ModelConfig, axes):
   return nn.with_logical_partitioning(nn.initializers.normal(config.initializer_range), axes)
 
 
-def _dense(config: ModelConfig, features: int, axes, name: str) -> nn.Dense:
+def dense(config: ModelConfig, features: int, axes, name: str) -> nn.Dense:
   return nn.Dense(features, dtype=config.compute_dtype, kernel_init=_init(config, axes),
                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[-1:]), name=name)
 
@@ -148,15 +148,15 @@ class SelfAttention(nn.Module):
     c, e = self.config, self.encoder
     head_dim = e.hidden_size // e.num_heads
     split = lambda t: t.reshape(t.shape[:2] + (e.num_heads, head_dim))
-    q = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "query")(x))
-    k = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "key")(x))
-    v = split(_dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
+    q = split(dense(c, e.hidden_size, ("hidden", "qkv"), "query")(x))
+    k = split(dense(c, e.hidden_size, ("hidden", "qkv"), "key")(x))
+    v = split(dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
     scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(c.compute_dtype)
     probs = Dropout(c.attention_dropout_rate)(probs, deterministic=deterministic)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(x.shape[:2] + (e.hidden_size,))
-    return _dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
+    return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
 
 
 class EncoderLayer(nn.Module):
@@ -170,8 +170,8 @@ class EncoderLayer(nn.Module):
     drop = Dropout(c.dropout_rate)
     h = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
     x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, deterministic=deterministic))
-    h = nn.gelu(_dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
-    h = _dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h)
+    h = nn.gelu(dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
+    h = dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h)
     x = _layer_norm(c, "hidden", "output_LayerNorm")(x + drop(h, deterministic=deterministic))
     return nn.with_logical_constraint(x, ("batch", "length", "act_hidden"))
 
@@ -186,7 +186,7 @@ class Encoder(nn.Module):
     c, e = self.config, self.encoder
     x = embedded
     if c.embedding_size != e.hidden_size:
-      x = _dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
+      x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
     layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
     for i in range(e.num_layers):
       x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic)
@@ -201,7 +201,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, h, table):
     c = self.config
-    h = nn.gelu(_dense(c, c.embedding_size, ("hidden", "embed"), "dense")(h), approximate=False)
+    h = nn.gelu(dense(c, c.embedding_size, ("hidden", "embed"), "dense")(h), approximate=False)
     h = _layer_norm(c, "embed")(h)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (c.vocab_size,))
     logits = jnp.einsum("...e,ve->...v", h, table.astype(h.dtype))
@@ -216,8 +216,8 @@ class DiscriminatorHead(nn.Module):
   @nn.compact
   def __call__(self, h):
     c = self.config
-    h = nn.gelu(_dense(c, self.hidden_size, ("hidden", "mlp"), "dense")(h), approximate=False)
-    return _dense(c, 1, ("mlp", None), "dense_prediction")(h)[..., 0].astype(jnp.float32)
+    h = nn.gelu(dense(c, self.hidden_size, ("hidden", "mlp"), "dense")(h), approximate=False)
+    return dense(c, 1, ("mlp", None), "dense_prediction")(h)[..., 0].astype(jnp.float32)
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -234,8 +234,8 @@ class Electra(nn.Module):
     gdes:   as untied, with discriminator_embeddings/word_embeddings_delta in place of its own word table
     all:    embeddings, discriminator              (the generator *is* the discriminator's encoder)
   plus generator_head (MLM), discriminator_head (replaced-token) and, when an objective trains the discriminator as
-  a masked LM (mlm, replace_mlm, all_tokens_mlm), discriminator_mlm_head. Only what a method uses is created at init,
-  so objective=mlm carries no generator.
+  a masked LM (mlm, replace_mlm, all_tokens_mlm), discriminator_mlm_head. Only what a method uses is created at init
+  (objectives.py says which methods each objective's init runs), so objective=mlm carries no generator.
   """
   config: ModelConfig
 
@@ -290,17 +290,6 @@ class Electra(nn.Module):
   def encode(self, input_ids, segment_ids, *, deterministic: bool = True):
     """The discriminator's final hidden states [B, L, H]: what fine-tuning builds on."""
     return self._encode("discriminator", input_ids, segment_ids, deterministic)[0]
-
-  def __call__(self, input_ids, segment_ids, positions, *, objective: str = "electra"):
-    """Used by init: touches exactly the parameters `objective` trains."""
-    if objective == "mlm":
-      return self.discriminator_mlm_logits(input_ids, segment_ids, positions)
-    g = self.generator_logits(input_ids, segment_ids, positions)
-    if objective == "replace_mlm":
-      return g, self.discriminator_mlm_logits(input_ids, segment_ids, positions)
-    if objective == "all_tokens_mlm":
-      return g, self.discriminator_mlm_logits(input_ids, segment_ids, None, copy=True)
-    return g, self.discriminator_logits(input_ids, segment_ids)
 
 
 def count_params(tree) -> int:

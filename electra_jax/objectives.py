@@ -1,5 +1,6 @@
-"""What ELECTRA trains on: dynamic masking, Gumbel sampling, corruption, labels, and the losses of ELECTRA and of the
-paper's baselines and ablations (objective.name):
+"""What ELECTRA trains on: dynamic masking, sampling, corruption, labels, and the losses of ELECTRA and of the paper's
+baselines and ablations. OBJECTIVES holds one entry per objective.name: its loss, the parameters it initialises and
+the FLOPs of its step; adding an objective is an entry here (and a test).
 
   electra         L_MLM(G) + λ·L_Disc(D), the discriminator loss over every non-pad token
   electra_15      as electra, but L_Disc only over the masked positions
@@ -8,19 +9,20 @@ paper's baselines and ablations (objective.name):
   all_tokens_mlm  as replace_mlm, but D predicts every token, with the paper's copy mechanism
   two_stage       the paper's two-stage ELECTRA (Sec. 3.2): L_MLM(G) alone for the first two_stage_fraction of the
                   steps; then D starts as a copy of G and trains with λ·L_Disc on the samples of the frozen G
+  uniform_replacement  λ·L_Disc(D) on tokens drawn uniformly from the vocabulary: no generator
 """
+import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from electra_jax import modeling
+from electra_jax import metrics, modeling
 from electra_jax.special_ids import SpecialIds
 
-OBJECTIVES = ("electra", "electra_15", "mlm", "replace_mlm", "all_tokens_mlm", "two_stage")
 MASK_TOKEN_FRACTION = 0.85  # ELECTRA: of the chosen positions, 85% become [MASK] and 15% stay (no random tokens)
 
 
@@ -121,85 +123,232 @@ def roc_auc(histogram) -> float:
   return float((positives * (below + 0.5 * negatives)).sum() / pairs) if pairs > 0 else float("nan")
 
 
-def _corrupt(rng, masked: Masked, input_ids, g_logits, temperature):
-  """Replace every chosen position of the ORIGINAL input by a generator sample. stop_gradient makes explicit that
-  D's loss never reaches G (sampling is discrete anyway)."""
-  sampled = sample(rng, jax.lax.stop_gradient(g_logits), temperature)
-  return jax.lax.stop_gradient(scatter(input_ids, masked.positions, sampled, masked.weights))
+class Batch(NamedTuple):
+  """What every objective's loss reads: the model and its parameters, one batch, and its masking."""
+  model: modeling.Electra
+  params: dict
+  input_ids: jax.Array  # [B, L] the original tokens
+  segment_ids: jax.Array
+  special: SpecialIds
+  masked: Masked
+  non_pad: jax.Array  # [B, L] 1.0 at real tokens
+  keys: dict  # "sample", "generator", "discriminator": the step's randomness, split once
+  deterministic: bool
+  objective: ml_collections.ConfigDict
+
+  def apply(self, method, *args, key: str, params=None, **kwargs):
+    return self.model.apply({"params": self.params if params is None else params}, *args,
+                            deterministic=self.deterministic, rngs={"dropout": self.keys[key]}, method=method,
+                            **kwargs)
+
+
+def _generator(b: Batch, params=None):
+  """G's MLM loss, its metrics and its logits at the masked positions."""
+  logits = b.apply(modeling.Electra.generator_logits, b.masked.input_ids, b.segment_ids, b.masked.positions,
+                   key="generator", params=params)
+  loss, accuracy = mlm_loss(logits, b.masked.targets, b.masked.weights)
+  return loss, dict(mlm_loss=loss, mlm_accuracy=accuracy), logits
+
+
+def _corrupt(b: Batch, g_logits):
+  """The ORIGINAL input with every masked position replaced by a generator sample, and which tokens differ (a sample
+  equal to the original counts as real). stop_gradient makes explicit that D's loss never reaches G (sampling is
+  discrete anyway)."""
+  sampled = sample(b.keys["sample"], jax.lax.stop_gradient(g_logits), b.objective.temperature)
+  corrupted = jax.lax.stop_gradient(scatter(b.input_ids, b.masked.positions, sampled, b.masked.weights))
+  replaced = corrupted != b.input_ids
+  return corrupted, replaced, dict(replaced_fraction=_weighted_mean(replaced.astype(jnp.float32), b.non_pad))
+
+
+def _replaced_token_detection(b: Batch, corrupted, replaced, weights):
+  """D's sigmoid loss over `weights`' positions and its metrics (the ROC AUC's histogram in evaluation only: training
+  steps skip its scatter)."""
+  logits = b.apply(modeling.Electra.discriminator_logits, corrupted, b.segment_ids, key="discriminator")
+  loss, accuracy, counts = disc_loss(logits, replaced, weights)
+  out = dict(counts, disc_loss=loss, disc_accuracy=accuracy)
+  if b.deterministic:
+    out["disc_auc_histogram"] = auc_histogram(logits, replaced, weights)
+  return loss, out
+
+
+def electra_loss(b: Batch, *, masked_only: bool = False):
+  """L_MLM(G) + λ·L_Disc(D), D's loss over every non-pad token (or only the masked positions: ELECTRA 15%)."""
+  g_loss, out, g_logits = _generator(b)
+  corrupted, replaced, more = _corrupt(b, g_logits)
+  weights = b.non_pad
+  if masked_only:
+    weights = scatter(jnp.zeros_like(b.input_ids), b.masked.positions, jnp.ones_like(b.masked.positions),
+                      b.masked.weights).astype(jnp.float32)
+  d_loss, d_out = _replaced_token_detection(b, corrupted, replaced, weights)
+  return g_loss + b.objective.disc_weight * d_loss, out | more | d_out
+
+
+def mlm_loss_bert(b: Batch):
+  """BERT: the discriminator-sized network as a masked LM on the 80/10/10-masked input."""
+  logits = b.apply(modeling.Electra.discriminator_mlm_logits, b.masked.input_ids, b.segment_ids, b.masked.positions,
+                   key="discriminator")
+  loss, accuracy = mlm_loss(logits, b.masked.targets, b.masked.weights)
+  return loss, dict(mlm_loss=loss, mlm_accuracy=accuracy)
+
+
+def replace_mlm_loss(b: Batch):
+  """G as in ELECTRA; D a masked LM whose masked inputs are G's samples instead of [MASK]. Two MLM losses,
+  unweighted."""
+  g_loss, out, g_logits = _generator(b)
+  corrupted, _, more = _corrupt(b, g_logits)
+  logits = b.apply(modeling.Electra.discriminator_mlm_logits, corrupted, b.segment_ids, b.masked.positions,
+                   key="discriminator")
+  d_loss, accuracy = mlm_loss(logits, b.masked.targets, b.masked.weights)
+  return g_loss + d_loss, out | more | dict(disc_loss=d_loss, disc_accuracy=accuracy)
+
+
+def all_tokens_mlm_loss(b: Batch):
+  """As Replace MLM, but D predicts every token with the paper's copy mechanism:
+  p(x_t) = σ(c_t)·[x_t = x̂_t] + (1 − σ(c_t))·softmax(D(x̂)_t)[x_t] at every non-pad token."""
+  g_loss, out, g_logits = _generator(b)
+  corrupted, _, more = _corrupt(b, g_logits)
+  logits, copy_logits = b.apply(modeling.Electra.discriminator_mlm_logits, corrupted, b.segment_ids, None, copy=True,
+                                key="discriminator")
+  ids = b.input_ids
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits), ids[..., None], axis=-1)[..., 0]
+  log_copy = jnp.where(corrupted == ids, jax.nn.log_sigmoid(copy_logits), -jnp.inf)
+  d_loss = _weighted_mean(-jnp.logaddexp(log_copy, jax.nn.log_sigmoid(-copy_logits) + logp), b.non_pad)
+  correct = (jax.lax.top_k(logits, 1)[1][..., 0] == ids).astype(jnp.float32)
+  return g_loss + d_loss, out | more | dict(disc_loss=d_loss, disc_accuracy=_weighted_mean(correct, b.non_pad))
+
+
+def two_stage_loss(b: Batch, *, stage: int = 2):
+  """Stage 1: L_MLM(G) alone, without running D. Stage 2: λ·L_Disc alone, G sampling through stop_gradient (no
+  backward pass through G; its loss only reported). Evaluation uses 2, which reports both networks. Both stages
+  return the same metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
+  if stage == 1:
+    g_loss, out, _ = _generator(b)
+    stage2 = jax.eval_shape(lambda: two_stage_loss(b))[1]  # stage 2's metric keys, traced for shapes only
+    return g_loss, {k: jnp.zeros(v.shape, v.dtype) for k, v in stage2.items()} | out
+  # G's forward reads only G's params, so stop_gradient on the whole tree freezes exactly G.
+  _, out, g_logits = _generator(b, params=jax.lax.stop_gradient(b.params))
+  corrupted, replaced, more = _corrupt(b, g_logits)
+  d_loss, d_out = _replaced_token_detection(b, corrupted, replaced, b.non_pad)
+  return b.objective.disc_weight * d_loss, out | more | d_out
+
+
+def uniform_replacement_loss(b: Batch):
+  """λ·L_Disc(D) alone, on replacements drawn uniformly from the vocabulary (special ids leave the token as it was):
+  replaced-token detection without a generator, the floor of the paper's generator-size study."""
+  drawn = jax.random.randint(b.keys["sample"], b.masked.positions.shape, 0, b.model.config.vocab_size)
+  originals = jnp.take_along_axis(b.input_ids, b.masked.positions, axis=1)
+  drawn = jnp.where(jnp.isin(drawn, jnp.asarray(b.special)), originals, drawn)
+  corrupted = scatter(b.input_ids, b.masked.positions, drawn, b.masked.weights)
+  replaced = corrupted != b.input_ids
+  d_loss, out = _replaced_token_detection(b, corrupted, replaced, b.non_pad)
+  return b.objective.disc_weight * d_loss, out | dict(
+      replaced_fraction=_weighted_mean(replaced.astype(jnp.float32), b.non_pad))
+
+
+def _init_discriminator(m: modeling.Electra, ids, seg, positions):
+  del positions
+  return m.discriminator_logits(ids, seg)
+
+
+# What init runs, so that it creates exactly the parameters an objective trains (objective=mlm carries no generator).
+def _init_replaced_token_detection(m: modeling.Electra, ids, seg, positions):
+  return m.generator_logits(ids, seg, positions), m.discriminator_logits(ids, seg)
+
+
+def _init_bert(m: modeling.Electra, ids, seg, positions):
+  return m.discriminator_mlm_logits(ids, seg, positions)
+
+
+def _init_replace_mlm(m: modeling.Electra, ids, seg, positions):
+  return m.generator_logits(ids, seg, positions), m.discriminator_mlm_logits(ids, seg, positions)
+
+
+def _init_all_tokens_mlm(m: modeling.Electra, ids, seg, positions):
+  return m.generator_logits(ids, seg, positions), m.discriminator_mlm_logits(ids, seg, None, copy=True)
+
+
+class Costs(NamedTuple):
+  """FLOPs of the pieces of one training step (metrics.py's accounting) that objectives add up."""
+  generator: float  # G's encoder and MLM head at the masked positions, trained
+  discriminator: float  # D's encoder
+  rtd_head: float  # D's replaced-token head over every token
+  d_mlm_masked: float  # D's MLM head at the masked positions
+  d_mlm_all: float  # D's MLM head at every position, and the copy gate
+  stage_fraction: float  # two_stage_fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  loss: Callable  # (Batch) -> (loss, metrics)
+  init: Callable  # (module, input_ids, segment_ids, positions): the forward passes whose parameters it trains
+  flops: Callable[[Costs], float]  # one training step's FLOPs from its pieces
+  bert_masking: bool = False  # mask 80/10/10 (BERT) instead of ELECTRA's 85/15
+  staged: bool = False  # two_stage: a different loss before and after two_stage_switch_step
+
+
+OBJECTIVES = {
+    "electra": Objective(electra_loss, _init_replaced_token_detection,
+                         lambda c: c.generator + c.discriminator + c.rtd_head),
+    "electra_15": Objective(functools.partial(electra_loss, masked_only=True), _init_replaced_token_detection,
+                            lambda c: c.generator + c.discriminator + c.rtd_head),
+    "mlm": Objective(mlm_loss_bert, _init_bert, lambda c: c.discriminator + c.d_mlm_masked, bert_masking=True),
+    "replace_mlm": Objective(replace_mlm_loss, _init_replace_mlm,
+                             lambda c: c.generator + c.discriminator + c.d_mlm_masked),
+    "all_tokens_mlm": Objective(all_tokens_mlm_loss, _init_all_tokens_mlm,
+                                lambda c: c.generator + c.discriminator + c.d_mlm_all),
+    # The run's mean step: f of G's training, then 1 − f of G's forward (a third of its training) and D's training.
+    "two_stage": Objective(two_stage_loss, _init_replaced_token_detection,
+                           lambda c: c.stage_fraction * c.generator + (1 - c.stage_fraction) * (
+                               c.generator / 3 + c.discriminator + c.rtd_head), staged=True),
+    "uniform_replacement": Objective(uniform_replacement_loss, _init_discriminator,
+                                     lambda c: c.discriminator + c.rtd_head),
+}
+
+
+def get(name: str) -> Objective:
+  if name not in OBJECTIVES:
+    raise ValueError(f"objective.name={name!r}: expected one of {', '.join(OBJECTIVES)}")
+  return OBJECTIVES[name]
 
 
 def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ml_collections.ConfigDict,
                  special: SpecialIds, *, deterministic: bool = False, stage: int = 2):
   """The training loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and the
-  metrics that come with it. Pure: all randomness derives from `rng`.
-
-  `stage` (a Python int) matters to two_stage only: 1 is L_MLM(G) alone, without running D; 2 is λ·L_Disc alone, G
-  sampling through stop_gradient (no backward pass through G) — evaluation uses 2, which reports both networks.
-  Both stages return the same metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
-  name = objective.name
-  if name not in OBJECTIVES:
-    raise ValueError(f"objective.name={name!r}: expected one of {', '.join(OBJECTIVES)}")
-  ids, seg = batch["input_ids"], batch["segment_ids"]
+  metrics that come with it. Pure: all randomness derives from `rng`. `stage` matters to two_stage only."""
+  entry = get(objective.name)
+  ids = batch["input_ids"]
   k_mask, k_sample, k_gen, k_disc = jax.random.split(rng, 4)
-  v = {"params": params}
-  vocab = model.config.vocab_size
-  masked = mask_tokens(k_mask, ids, special, objective.mask_prob, vocab, bert_recipe=name == "mlm")
-  non_pad = (ids != special.pad).astype(jnp.float32)
-  metrics = {}
+  masked = mask_tokens(k_mask, ids, special, objective.mask_prob, model.config.vocab_size,
+                       bert_recipe=entry.bert_masking)
+  b = Batch(model, params, ids, batch["segment_ids"], special, masked, (ids != special.pad).astype(jnp.float32),
+            dict(sample=k_sample, generator=k_gen, discriminator=k_disc), deterministic, objective)
+  return entry.loss(b, stage=stage) if entry.staged else entry.loss(b)
 
-  if name == "mlm":
-    logits = model.apply(v, masked.input_ids, seg, masked.positions, deterministic=deterministic,
-                         rngs={"dropout": k_disc}, method=modeling.Electra.discriminator_mlm_logits)
-    loss, metrics["mlm_accuracy"] = mlm_loss(logits, masked.targets, masked.weights)
-    metrics["mlm_loss"] = loss
-    return loss, metrics
 
-  # G's forward reads only G's params, so stop_gradient on the whole tree freezes exactly G.
-  g_vars = {"params": jax.lax.stop_gradient(params)} if name == "two_stage" and stage == 2 else v
-  g_logits = model.apply(g_vars, masked.input_ids, seg, masked.positions, deterministic=deterministic,
-                         rngs={"dropout": k_gen}, method=modeling.Electra.generator_logits)
-  g_loss, metrics["mlm_accuracy"] = mlm_loss(g_logits, masked.targets, masked.weights)
-  metrics["mlm_loss"] = g_loss
-  if name == "two_stage" and stage == 1:  # stage 2's metric keys, traced for shapes only; D's are 0 here
-    stage2 = jax.eval_shape(functools.partial(compute_loss, model, objective=objective, special=special),
-                            params, batch, rng)[1]
-    return g_loss, {k: jnp.zeros(s.shape, s.dtype) for k, s in stage2.items()} | metrics
-  corrupted = _corrupt(k_sample, masked, ids, g_logits, objective.temperature)
-  replaced = corrupted != ids  # a chosen position whose sample equals the original counts as real
-  metrics["replaced_fraction"] = _weighted_mean(replaced.astype(jnp.float32), non_pad)
-  d_kwargs = dict(deterministic=deterministic, rngs={"dropout": k_disc})
+def init_params(model: modeling.Electra, config: ml_collections.ConfigDict, rng: jax.Array):
+  """The boxed parameters `config.objective.name` trains, at the config's sequence length."""
+  seq_len = config.data.seq_len
+  ids = jnp.ones((1, seq_len), jnp.int32)
+  positions = jnp.zeros((1, max_predictions(config.objective.mask_prob, seq_len)), jnp.int32)
+  return model.init(rng, ids, jnp.zeros_like(ids), positions, method=get(config.objective.name).init)["params"]
 
-  if name in ("electra", "electra_15", "two_stage"):
-    d_logits = model.apply(v, corrupted, seg, method=modeling.Electra.discriminator_logits, **d_kwargs)
-    if name == "electra_15":  # only the chosen positions
-      d_weights = scatter(jnp.zeros_like(ids), masked.positions, jnp.ones_like(masked.positions),
-                          masked.weights).astype(jnp.float32)
-    else:
-      d_weights = non_pad
-    d_loss, metrics["disc_accuracy"], counts = disc_loss(d_logits, replaced, d_weights)
-    metrics.update(counts)
-    if deterministic:  # evaluation: the ROC AUC's histogram (training steps skip its scatter)
-      metrics["disc_auc_histogram"] = auc_histogram(d_logits, replaced, d_weights)
-  elif name == "replace_mlm":
-    d_logits = model.apply(v, corrupted, seg, masked.positions, method=modeling.Electra.discriminator_mlm_logits,
-                           **d_kwargs)
-    d_loss, metrics["disc_accuracy"] = mlm_loss(d_logits, masked.targets, masked.weights)
-  else:  # all_tokens_mlm: p(x_t) = σ(c_t)·[x_t = x̂_t] + (1 − σ(c_t))·softmax(D(x̂)_t)[x_t] at every non-pad token
-    d_logits, copy_logits = model.apply(v, corrupted, seg, None, copy=True,
-                                        method=modeling.Electra.discriminator_mlm_logits, **d_kwargs)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(d_logits), ids[..., None], axis=-1)[..., 0]
-    log_copy = jnp.where(corrupted == ids, jax.nn.log_sigmoid(copy_logits), -jnp.inf)
-    nll = -jnp.logaddexp(log_copy, jax.nn.log_sigmoid(-copy_logits) + logp)
-    d_loss = _weighted_mean(nll, non_pad)
-    correct = (jax.lax.top_k(d_logits, 1)[1][..., 0] == ids).astype(jnp.float32)
-    metrics["disc_accuracy"] = _weighted_mean(correct, non_pad)
 
-  metrics["disc_loss"] = d_loss
-  # λ balances the per-token binary loss against the MLM loss; the MLM ablations add two MLM losses unweighted.
-  if name == "two_stage":  # stage 2: G is frozen, so its loss is only reported
-    return objective.disc_weight * d_loss, metrics
-  weight = objective.disc_weight if name in ("electra", "electra_15") else 1.0
-  return g_loss + weight * d_loss, metrics
+def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
+  """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
+  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's)."""
+  mc = modeling.ModelConfig.from_config(config)
+  d, g = mc.discriminator, mc.generator
+  batch, seq_len = config.train.batch_size, config.data.seq_len
+  masked = batch * max_predictions(config.objective.mask_prob, seq_len)
+  f = config.objective.two_stage_fraction if two_stage_fraction is None else two_stage_fraction
+  costs = Costs(
+      generator=metrics.encoder_flops(mc, g, batch, seq_len) + metrics.mlm_head_flops(mc, g.hidden_size, masked),
+      discriminator=metrics.encoder_flops(mc, d, batch, seq_len),
+      rtd_head=6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len,
+      d_mlm_masked=metrics.mlm_head_flops(mc, d.hidden_size, masked),
+      d_mlm_all=metrics.mlm_head_flops(mc, d.hidden_size, batch * seq_len) + 6 * d.hidden_size ** 2 * batch * seq_len,
+      stage_fraction=f)
+  return get(config.objective.name).flops(costs)
 
 
 def two_stage_switch_step(config: ml_collections.ConfigDict) -> int:

@@ -6,7 +6,6 @@ multiplies an overlapping warm-up and decay and has no bias correction; the diff
 few thousand steps).
 """
 import flax
-import jax
 import ml_collections
 import optax
 

@@ -2,12 +2,14 @@
 
 Parameters carry logical axis names (modeling.py); RULES maps them onto the mesh axes ("data", "fsdp"). The batch is
 split over both axes; weights are split over "fsdp" (ZeRO-3 style: XLA gathers them where a layer needs them). A
-dimension that does not divide evenly stays replicated, so odd vocabularies never break a mesh.
+dimension that does not divide evenly stays replicated (logged once), so odd vocabularies never break a mesh.
+Activations are constrained by the same rules ("act_*" names) where state.py traces a step.
 """
 import os
 
 import jax
 import flax.linen as nn
+from absl import logging
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -78,11 +80,24 @@ def _fit(spec: P, shape, mesh: Mesh) -> P:
 
 
 def tree_shardings(abstract_boxed_tree, mesh: Mesh):
-  """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape)."""
+  """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape). Logs, once,
+  every array that stays replicated along a dimension its rule would split because the mesh does not divide it."""
   specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
   shapes = nn.meta.unbox(abstract_boxed_tree)
-  return jax.tree.map(lambda s, x: NamedSharding(mesh, _fit(s, x.shape, mesh)), specs, shapes,
-                      is_leaf=lambda s: isinstance(s, P))
+  undivided = []
+
+  def fit(path, spec, x):
+    fitted = _fit(spec, x.shape, mesh)
+    name = jax.tree_util.keystr(path)
+    if tuple(fitted) != tuple(spec) + (None,) * (len(fitted) - len(spec)) and "opt_state" not in name:
+      undivided.append(f"{name} {tuple(x.shape)}")
+    return NamedSharding(mesh, fitted)
+
+  shardings = jax.tree_util.tree_map_with_path(fit, specs, shapes, is_leaf=lambda s: isinstance(s, P))
+  if undivided:
+    logging.info("Replicated where the %s mesh does not divide a dimension: %s", dict(mesh.shape),
+                 "; ".join(undivided))
+  return shardings
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -104,6 +104,12 @@ def copy_tree(src, dst, last: str | None = None):
     copy_file(epath.Path(src) / f, target)
 
 
+def refuse_existing(path, overwrite: bool, how: str = "pass --overwrite to replace it"):
+  """Before any slow work: an existing output is replaced only when asked to."""
+  if not overwrite and epath.Path(path).exists():
+    raise FileExistsError(f"{path} exists; {how}")
+
+
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
   """Yields a new local directory to write `out`'s files into; when the block ends without error they replace

@@ -43,7 +43,7 @@ class Tokenizer:
       raise ValueError(f"{self.path}: WordPiece vocab lacks {missing}")
     # Google's vocab files are uncased unless their name says otherwise.
     lowercase = "uncased" in self.path or "cased" not in self.path
-    self._wp = BertWordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=lowercase)
+    self.wordpiece = BertWordPieceTokenizer(vocab, lowercase=lowercase, strip_accents=lowercase)
     self.vocab_size = len(vocab)
     self.special_ids = SpecialIds(*(vocab[t] for t in SPECIAL_TOKENS))
     self._sp = None
@@ -51,24 +51,24 @@ class Tokenizer:
   def encode(self, text: str) -> list[int]:
     if self._sp is not None:
       return self._sp.encode(text)
-    return self._wp.encode(text, add_special_tokens=False).ids
+    return self.wordpiece.encode(text, add_special_tokens=False).ids
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     if self._sp is not None:
       return self._sp.encode(texts)
-    return [e.ids for e in self._wp.encode_batch(texts, add_special_tokens=False)]
+    return [e.ids for e in self.wordpiece.encode_batch(texts, add_special_tokens=False)]
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
     if self._sp is not None:
       return self._sp.decode(ids)
-    return self._wp.decode(ids, skip_special_tokens=False)
+    return self.wordpiece.decode(ids, skip_special_tokens=False)
 
   def normalize(self, text: str) -> str:
     """The text as the tokenizer sees it (NFKC, folded spaces): what decode(encode(text)) gives back."""
     if self._sp is not None:
       return self._sp.normalize(text).replace("\u2581", " ").strip()  # U+2581 is SentencePiece's space
-    return self._wp.normalizer.normalize_str(text)
+    return self.wordpiece.normalizer.normalize_str(text)
 
   def check_vocab_size(self, vocab_size: int):
     if self.vocab_size != vocab_size:

@@ -6,7 +6,8 @@ import re
 import jax
 import numpy as np
 
-from electra_jax import checkpoints, train
+from electra_jax import checkpoints, experiment
+from electra_jax import workdir as workdir_lib
 
 
 @functools.cache
@@ -41,8 +42,8 @@ def tiny_config(tiny_data, sharing: str = "shared"):
 def _random_state(config, seed: int):
   """An initialised train state and its params with every leaf perturbed (LayerNorm scales, biases, gdes deltas
   included), so that a transposed or misplaced weight cannot go unnoticed."""
-  exp = train.create(config)
-  state = exp.init(jax.random.key(seed))
+  exp = experiment.create(config)
+  state = exp.sharded.init(jax.random.key(seed))
   rng = np.random.default_rng(seed)
   params = jax.tree.map(lambda x: (x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32),
                         jax.device_get(state.params))
@@ -56,8 +57,8 @@ def random_params(config, seed: int = 0):
 def save_workdir(config, workdir: str, step: int = 1, seed: int = 0):
   """A pre-training workdir (config.json + one Orbax checkpoint) holding random_params; returns the params."""
   exp, state, params = _random_state(config, seed)
-  state = state.replace(params=jax.device_put(params, exp.state_sharding.params))
-  checkpoints.write_config(workdir, config)
+  state = state.replace(params=jax.device_put(params, exp.sharded.state.params))
+  workdir_lib.write_config(workdir, config)
   ckpt = checkpoints.Checkpointer(workdir, config)
   ckpt.save(step, state, {}, force=True)
   ckpt.close()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from electra_jax import train
+from electra_jax import experiment, objectives
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -85,8 +85,8 @@ def test_peer_step(peer_module, gather_head):
 def test_flops_match_a_count_of_the_param_tree():
   """6 × (2-D kernels) × the tokens they see, + the tied output matmul at the masked positions, + attention."""
   config = tiny.get_config()
-  exp = train.create(config)
-  params = jax.eval_shape(exp.init, jax.random.key(0)).params
+  exp = experiment.create(config)
+  params = jax.eval_shape(exp.sharded.init, jax.random.key(0)).params
   batch, seq_len = config.train.batch_size, config.data.seq_len
   tokens, masked = batch * seq_len, batch * int((config.objective.mask_prob + 0.005) * seq_len)
   flat = flax.traverse_util.flatten_dict(params)
@@ -100,4 +100,4 @@ def test_flops_match_a_count_of_the_param_tree():
   vocab, emb = flat[("embeddings", "word_embeddings")].shape
   expected += 6 * vocab * emb * masked  # the generator's output layer: the tied word table, transposed
   assert {p[0] for p in flat} == {"embeddings", "generator", "discriminator", "generator_head", "discriminator_head"}
-  assert exp.step_flops == expected
+  assert objectives.step_flops(exp.config) == expected

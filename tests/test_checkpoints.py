@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, train
+from electra_jax import checkpoints, experiment, weights
+from electra_jax import workdir as workdir_lib
 from tests import pretrain_cli as cli
 
 N = 8
@@ -56,7 +57,7 @@ def _metrics(workdir):
 
 
 def _params(workdir, step=None):
-  return jax.device_get(checkpoints.load_params(str(workdir), step)[1])
+  return jax.device_get(weights.load(str(workdir), step).params)
 
 
 def _assert_same_params(a, b):
@@ -191,11 +192,11 @@ def test_restore_reshards_onto_another_mesh(tiny_data, straight):
   """A checkpoint written on 8 devices (data=8) restores bitwise onto 2 devices split by FSDP."""
   config, prepared = tiny_data
   reference = _params(straight())
-  config = checkpoints.load_config(str(straight()))
+  config = workdir_lib.load_config(str(straight()))
   config.mesh.update(data=1, fsdp=2)
-  exp = train.create(config, prepared.special_ids, devices=jax.devices()[:2])
+  exp = experiment.create(config, prepared.special_ids, devices=jax.devices()[:2])
   ckpt = checkpoints.Checkpointer(str(straight()), config, prepared.tokenizer_path)
-  restored = ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding))
+  restored = ckpt.restore(exp.sharded.abstract())
   ckpt.close()
   kernel = restored.state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.mesh.devices.size == 2 and kernel.sharding.spec[0] == "fsdp"
@@ -207,21 +208,21 @@ def test_restore_refuses_another_tokenizer(tiny_data, straight, tmp_path):
   config, prepared = tiny_data
   other = tmp_path / "other.model"
   other.write_bytes(open(prepared.tokenizer_path, "rb").read() + b"\0")
-  config = checkpoints.load_config(str(straight()))
-  exp = train.create(config, prepared.special_ids)
+  config = workdir_lib.load_config(str(straight()))
+  exp = experiment.create(config, prepared.special_ids)
   ckpt = checkpoints.Checkpointer(str(straight()), config, str(other))
   with pytest.raises(ValueError, match=r"checkpoints/8 was trained with another tokenizer \(their SHA-256 differ\)"):
-    ckpt.restore(checkpoints.abstract(jax.eval_shape(exp.init, jax.random.key(0)), exp.state_sharding))
+    ckpt.restore(exp.sharded.abstract())
   ckpt.close()
 
 
 def test_params_only_export_round_trips(straight, tmp_path):
   out = tmp_path / "export"
-  assert checkpoints.export_params(str(straight()), str(out), step=6) == str(out)
+  assert weights.export_params(str(straight()), str(out), step=6) == str(out)
   assert sorted(os.listdir(out)) == ["config.json", "params"] and os.listdir(tmp_path) == ["export"]
   _assert_same_params(_params(straight(), 6), _params(out))
   with pytest.raises(FileExistsError, match="export exists; pass overwrite=True"):
-    checkpoints.export_params(str(straight()), str(out))
-  checkpoints.export_params(str(straight()), str(out), overwrite=True)
+    weights.export_params(str(straight()), str(out))
+  weights.export_params(str(straight()), str(out), overwrite=True)
   _assert_same_params(_params(straight()), _params(out))
   assert os.listdir(tmp_path) == ["export"]

@@ -1,5 +1,6 @@
 """HF transformers export/import: numeric parity both ways on real tokenized text, tokenizer parity, loud errors."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -8,8 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, export, modeling, train
+from electra_jax import experiment, modeling, train, weights
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax import workdir as workdir_lib
+from electra_jax.hf import directory as hf_directory
+from electra_jax.hf import tokenizer as hf_tokenizer
 from tests import helpers
 
 # The numeric reference: `make test` installs it, so a missing one must fail, not skip.
@@ -74,20 +78,20 @@ def _assert_parity(ours, theirs, ids):
 def test_export_parity(sharing, tiny_data, tmp_path):
   config = helpers.tiny_config(tiny_data, sharing)
   params = helpers.random_params(config)
-  export.export(config, params, str(tmp_path / "hf"))
+  hf_directory.export(config, params, str(tmp_path / "hf"))
   assert sorted(os.listdir(tmp_path)) == ["hf"]  # the temporary directory was renamed, not left behind
   tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
   ids, seg = _batch(tok, _sentences(16), config.data.seq_len)
   _assert_parity(_ours(config, params, ids, seg), _theirs(str(tmp_path / "hf"), ids, seg), ids)
   if sharing == "shared":  # our own export imports back bit-exactly
-    config2, params2 = export.import_hf(str(tmp_path / "hf"))
+    config2, params2 = hf_directory.import_hf(str(tmp_path / "hf"))
     assert config2.objective.embedding_sharing == "shared"
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), params2)
 
 
 def _tokenizer_mismatches(model_path, out_dir, lines):
   """Indices of the lines (and of the consecutive pairs) where AutoTokenizer on our export differs from our ids."""
-  export.save_tokenizer(model_path, str(out_dir), 512)
+  hf_tokenizer.save_tokenizer(model_path, str(out_dir), 512)
   hf = transformers.AutoTokenizer.from_pretrained(str(out_dir))
   tok = tokenizer_lib.Tokenizer(model_path)
   s = tok.special_ids
@@ -149,14 +153,14 @@ def test_import_hf_parity(shared, tmp_path):
   disc.save_pretrained(hf_dir)
   gen.save_pretrained(hf_dir / "generator")
 
-  config, params = export.import_hf(str(hf_dir))
+  config, params = hf_directory.import_hf(str(hf_dir))
   assert config.objective.embedding_sharing == ("shared" if shared else "untied")
   tok = tokenizer_lib.Tokenizer(config.data.tokenizer)
   ids, seg = _batch(tok, _sentences(16), 64)
   assert (ids == 1).mean() < 0.05  # real words, not [UNK]
   _assert_parity(_ours(config, params, ids, seg), _theirs(str(hf_dir), ids, seg), ids)
-  # The imported params are a full pre-training state: train.create(config) accepts them as they are.
-  shapes = jax.eval_shape(train.create(config).init, jax.random.key(0)).params
+  # The imported params are a full pre-training state: experiment.create(config) accepts them as they are.
+  shapes = jax.eval_shape(experiment.create(config).sharded.init, jax.random.key(0)).params
   assert jax.tree.structure(shapes) == jax.tree.structure(params)
 
 
@@ -186,9 +190,9 @@ def test_cli_exports_a_workdir_and_refuses_to_overwrite(tiny_data, tmp_path):
 def test_errors_are_one_line(tiny_data, tmp_path):
   (tmp_path / "empty").mkdir()
   config = helpers.tiny_config(tiny_data, "shared")
-  checkpoints.write_config(str(tmp_path / "empty"), config)
+  workdir_lib.write_config(str(tmp_path / "empty"), config)
   with pytest.raises(FileNotFoundError, match="has no checkpoint"):
-    checkpoints.load_params(str(tmp_path / "empty"))
+    weights.load(str(tmp_path / "empty"))
   r = _cli(f"--workdir={tmp_path / 'empty'}", f"--output={tmp_path / 'out'}")
   helpers.assert_one_line_error(r, "has no checkpoint")
   assert not (tmp_path / "out").exists()
@@ -196,7 +200,7 @@ def test_errors_are_one_line(tiny_data, tmp_path):
   tok = tiny_data[1].tokenizer_path
   config.data.vocab_size = 1999
   with pytest.raises(ValueError, match="has 2000 tokens but the model's vocabulary has 1999"):
-    export.export(config, helpers.random_params(config), str(tmp_path / "out"), tokenizer_path=tok)
+    hf_directory.export(config, helpers.random_params(config), str(tmp_path / "out"), tokenizer_path=tok)
   assert not (tmp_path / "out").exists()
 
 
@@ -205,11 +209,18 @@ def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
   weights that do not fit the config are refused before anything is written."""
   config = helpers.tiny_config(tiny_data, "shared")
   params = helpers.random_params(config)
-  export.export(config, params, str(tmp_path / "hf"))
+  hf_directory.export(config, params, str(tmp_path / "hf"))
   config.train.update(init_from=str(tmp_path / "hf"), learning_rate=0.0, num_steps=1, eval_every=1)
   train.train_and_evaluate(config, str(tmp_path / "run"))
-  _, restored = checkpoints.load_params(str(tmp_path / "run"))
+  restored = weights.load(str(tmp_path / "run")).params
   jax.tree.map(np.testing.assert_array_equal, restored, params)
+
+  # Google's releases keep the generator in a directory of its own: train.init_from_generator names it.
+  shutil.move(str(tmp_path / "hf" / "generator"), str(tmp_path / "generator"))
+  config.train.init_from_generator = str(tmp_path / "generator")
+  train.train_and_evaluate(config, str(tmp_path / "run_apart"))
+  jax.tree.map(np.testing.assert_array_equal, weights.load(str(tmp_path / "run_apart")).params, params)
+  config.train.init_from_generator = ""
 
   config.model.intermediate_size *= 2
   with pytest.raises(ValueError, match=r"does not fit this config at discriminator/layer_0/intermediate/bias: \(128"):

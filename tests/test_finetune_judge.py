@@ -1,10 +1,10 @@
 """Fine-tuning as a fair judge of pre-training: random init of init_from's architecture, low-label subsets, and model
 selection on a dev fold carved from the training rows (never on the eval split)."""
-import jax
 import numpy as np
 import pytest
 
 from electra_jax import finetune
+from electra_jax.finetune import model as model_lib
 from tests import helpers
 
 
@@ -27,9 +27,9 @@ def _config(init_from: str, **task):
 def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(workdir):
   path, config = workdir
   c = _config(path)
-  pre_config, pre_params, pre_tok = finetune.load_source(c)
+  pre_config, pre_params, pre_tok = model_lib.load_source(c)
   c.random_init = True
-  rnd_config, rnd_params, rnd_tok = finetune.load_source(c)
+  rnd_config, rnd_params, rnd_tok = model_lib.load_source(c)
   assert rnd_params is None and pre_params is not None
   assert rnd_tok == pre_tok
   assert rnd_config.model.to_dict() == pre_config.model.to_dict() == config.model.to_dict()

@@ -7,15 +7,14 @@ import numpy as np
 import pytest
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, objectives, train
+from electra_jax import experiment, modeling, objectives
 from electra_jax.special_ids import SpecialIds
 
 
 def _init(config, objective="electra"):
+  config.objective.name = objective
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  ids = jnp.ones((1, config.data.seq_len), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids[:, :3], objective=objective))
-  return model, jax.tree.map(lambda x: x, shapes["params"])
+  return model, jax.eval_shape(lambda: objectives.init_params(model, config, jax.random.key(0)))
 
 
 def test_small_parameter_counts_equal_hf():
@@ -79,10 +78,10 @@ def _tiny(sharing="shared"):
   c.train.update(batch_size=8, num_steps=10, warmup_steps=2)
   c.objective.embedding_sharing = sharing
   c.mesh.update(data=1, fsdp=1)
-  exp = train.create(c, SpecialIds(), devices=jax.devices()[:1])
+  exp = experiment.create(c, SpecialIds(), devices=jax.devices()[:1])
   metrics = jax.jit(lambda p, b: objectives.compute_loss(exp.model, p, b, jax.random.key(3), c.objective,
                                                          exp.special)[1])
-  return exp, exp.init(jax.random.key(0)).params, metrics
+  return exp, exp.sharded.init(jax.random.key(0)).params, metrics
 
 
 def _batch(token=7):

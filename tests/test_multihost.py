@@ -10,7 +10,7 @@ import sys
 import jax
 import numpy as np
 
-from electra_jax import checkpoints, storage
+from electra_jax import storage, weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,10 +54,10 @@ def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
 
-  _, params1 = checkpoints.load_params(str(tmp_path / "single"))
+  params1 = weights.load(str(tmp_path / "single")).params
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
   storage.initialize()
-  _, params2 = checkpoints.load_params(multi)
+  params2 = weights.load(multi).params
   for a, b in zip(jax.tree.leaves(params1), jax.tree.leaves(params2)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
   texts = ((tmp_path / "single" / "metrics.jsonl").read_text(),

@@ -84,3 +84,28 @@ def test_disc_loss_counts():
   assert float(counts["disc_true_positives"]) == 1 and float(counts["disc_predicted_positives"]) == 2
   expected = -np.mean(np.log(jax.nn.sigmoid(np.array([3.0, -3.0, 3.0, -3.0]) * np.array([1, 1, -1, -1]))))
   assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+def test_uniform_replacement_trains_discriminator_alone():
+  """The objective added as one registry entry: no generator parameters; D's labels mark exactly the tokens that
+  changed, ~mask_prob of the maskable ones (a uniform draw rarely equals the original or a special id)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from electra_jax import config as config_lib, modeling  # pylint: disable=g-import-not-at-top
+  c = config_lib.base("tiny")
+  c.data.update(vocab_size=VOCAB, seq_len=128)
+  c.objective.name = "uniform_replacement"
+  model = modeling.Electra(modeling.ModelConfig.from_config(c))
+  params = nn.meta.unbox(jax.jit(lambda k: objectives.init_params(model, c, k))(jax.random.key(0)))
+  assert set(params) == {"embeddings", "discriminator", "discriminator_head"}
+  ids = _batch(np.random.default_rng(1), batch=64)
+  loss, metrics = objectives.compute_loss(model, params, {"input_ids": ids, "segment_ids": jnp.zeros_like(ids)},
+                                          jax.random.key(2), c.objective, SPECIAL, deterministic=True)
+  non_pad = np.asarray(ids != SPECIAL.pad)
+  maskable = non_pad & np.asarray((ids != SPECIAL.cls) & (ids != SPECIAL.sep))
+  expected = 0.15 * maskable.sum() / non_pad.sum()
+  assert abs(float(metrics["replaced_fraction"]) - expected) < 0.01
+  assert float(metrics["disc_label_positives"]) == pytest.approx(float(metrics["replaced_fraction"]) * non_pad.sum())
+  assert np.isfinite(float(loss)) and "mlm_loss" not in metrics
+  electra = c.copy_and_resolve_references()
+  electra.objective.name = "electra"
+  assert objectives.step_flops(c) < objectives.step_flops(electra)

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.special_ids import SpecialIds

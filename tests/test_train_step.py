@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from electra_jax import config as config_lib
-from electra_jax import train
+from electra_jax import experiment
 from electra_jax.special_ids import SpecialIds
 
 
@@ -14,14 +14,14 @@ def _run(mesh, objective, steps=2):
   c.train.update(batch_size=16, num_steps=10, warmup_steps=1)
   c.objective.name = objective
   c.mesh.update(data=mesh[0], fsdp=mesh[1])
-  exp = train.create(c, SpecialIds(), devices=jax.devices()[:mesh[0] * mesh[1]])
+  exp = experiment.create(c, SpecialIds(), devices=jax.devices()[:mesh[0] * mesh[1]])
   rng = np.random.default_rng(0)
   ids = rng.integers(5, 256, (16, 32)).astype(np.int32)
   ids[:, 0], ids[:, 31] = 2, 3
   ids[::2, 20:] = 0
   batch = jax.device_put({"input_ids": ids, "segment_ids": (np.arange(32) > 12).astype(np.int32)[None].repeat(16, 0)},
-                         exp.batch_sharding)
-  state = exp.init(jax.random.key(0))
+                         exp.sharded.batch)
+  state = exp.sharded.init(jax.random.key(0))
   for _ in range(steps):
     state, metrics = exp.step(state, batch, jax.random.key(1))
   return jax.device_get(state.params), jax.device_get(metrics), state
@@ -44,4 +44,4 @@ def test_batch_must_divide_over_devices():
   c = config_lib.base("tiny")
   c.train.batch_size = 12
   with pytest.raises(ValueError, match="batch_size=12 is not divisible by the 8 data-parallel devices"):
-    train.create(c, SpecialIds())
+    experiment.create(c, SpecialIds())

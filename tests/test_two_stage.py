@@ -1,11 +1,12 @@
 """Two-stage ELECTRA (objective.name=two_stage): G alone, then D initialised from G with G frozen."""
+import copy
 import jax
 import numpy as np
 import optax
 import pytest
 
 from configs import tiny
-from electra_jax import metrics, objectives, train
+from electra_jax import experiment, metrics, objectives
 
 SWITCH = 3  # two_stage_fraction=0.5 of 6 steps: steps 0-2 train G, step 3 copies G into D and starts stage 2
 
@@ -35,11 +36,11 @@ def _equal(a, b):
 @pytest.fixture(scope="module")
 def run():
   """The experiment, the params before each step and after the last one, each step's metrics, the final state."""
-  exp = train.create(_config())
+  exp = experiment.create(_config())
   ids = np.random.default_rng(0).integers(5, 256, (8, 32)).astype(np.int32)
   ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
-  batch = jax.device_put({"input_ids": ids, "segment_ids": np.zeros_like(ids)}, exp.batch_sharding)
-  state = exp.init(jax.random.key(0))
+  batch = jax.device_put({"input_ids": ids, "segment_ids": np.zeros_like(ids)}, exp.sharded.batch)
+  state = exp.sharded.init(jax.random.key(0))
   params, step_metrics = [jax.device_get(state.params)], []
   for _ in range(2 * SWITCH):
     state, m = exp.step(state, batch, jax.random.key(1))  # donates `state`: copy what we keep first
@@ -95,28 +96,28 @@ def test_stage2_freezes_generator(run):
 ])
 def test_bad_configs(override, message):
   with pytest.raises(ValueError, match=message):
-    train.create(_config(**override))
+    experiment.create(_config(**override))
 
 
 def test_needs_equal_sizes():
   c = _config()
   c.model.generator_fraction = 0.5
   with pytest.raises(ValueError, match=r"two_stage initialises D from G, so it needs model.generator_fraction=1.0"):
-    train.create(c)
+    experiment.create(c)
 
 
 def test_flops_average_the_two_stages(run):
   exp = run[0]
   c, mc = exp.config, exp.model.config
   batch, seq_len = c.train.batch_size, c.data.seq_len
-  # pylint: disable=protected-access
-  stage1 = (metrics._encoder_flops(mc, mc.generator, batch, seq_len) +  # G training
-            metrics._mlm_head_flops(mc, mc.generator.hidden_size,
-                                    batch * objectives.max_predictions(c.objective.mask_prob, seq_len)))
-  # pylint: enable=protected-access
-  stage2 = metrics.train_flops(mc, "electra", c.objective.mask_prob, batch, seq_len) - 2 / 3 * stage1  # G forward
+  stage1 = (metrics.encoder_flops(mc, mc.generator, batch, seq_len) +  # G training
+            metrics.mlm_head_flops(mc, mc.generator.hidden_size,
+                                   batch * objectives.max_predictions(c.objective.mask_prob, seq_len)))
+  electra = copy.deepcopy(c)
+  electra.objective.name = "electra"
+  stage2 = objectives.step_flops(electra) - 2 / 3 * stage1  # G forward
   for f in (0.25, 0.5):
-    flops = metrics.train_flops(mc, "two_stage", c.objective.mask_prob, batch, seq_len, two_stage_fraction=f)
+    flops = objectives.step_flops(c, two_stage_fraction=f)
     assert min(stage1, stage2) < flops < max(stage1, stage2)
     assert flops == pytest.approx(f * stage1 + (1 - f) * stage2, rel=1e-12)
-  assert exp.step_flops == metrics.train_flops(mc, "two_stage", c.objective.mask_prob, batch, seq_len, 0.5)
+  assert objectives.step_flops(c) == objectives.step_flops(c, two_stage_fraction=c.objective.two_stage_fraction)

@@ -4,7 +4,7 @@ import copy
 import json
 import math
 
-from electra_jax import metrics, modeling, objectives
+from electra_jax import objectives
 
 REFERENCE = "electra"  # budget_steps counts steps of this objective
 
@@ -15,8 +15,7 @@ def names(csv: str) -> list[str]:
 
 def objective_config(study, name: str):
   """study.pretrain with objective `name` and the settings it needs (study.objective_overrides)."""
-  if name not in objectives.OBJECTIVES:  # step_flops would count an unknown name as ELECTRA
-    raise ValueError(f"objectives: {name!r} is not one of {', '.join(objectives.OBJECTIVES)}")
+  objectives.get(name)  # an unknown name fails here, in one line
   c = copy.deepcopy(study.pretrain)
   c.objective.name = name
   if name in study.objective_overrides:
@@ -24,32 +23,24 @@ def objective_config(study, name: str):
   return c
 
 
-def step_flops(config, two_stage_fraction: float | None = None) -> float:
-  """FLOPs of one training step of `config`, its generator included. two_stage_fraction (None: the config's) is the
-  share of Two-stage's steps that train G alone: 1 gives its stage 1's step, 0 its stage 2's."""
-  c, f = config, config.objective.two_stage_fraction if two_stage_fraction is None else two_stage_fraction
-  return metrics.train_flops(modeling.ModelConfig.from_config(c), c.objective.name, c.objective.mask_prob,
-                             c.train.batch_size, c.data.seq_len, f)
-
-
 def flops_counter(config):
   """step -> FLOPs of a run's first `step` steps. Two-stage's step_flops is the mean over its stages (G alone, then G's
   forward and D), so its checkpoints along the way are placed with each stage's own cost."""
   if config.objective.name != "two_stage":
-    per_step = step_flops(config)
+    per_step = objectives.step_flops(config)
     return lambda step: step * per_step
   switch = objectives.two_stage_switch_step(config)
-  stage1, stage2 = step_flops(config, 1.0), step_flops(config, 0.0)
+  stage1, stage2 = objectives.step_flops(config, 1.0), objectives.step_flops(config, 0.0)
   return lambda step: min(step, switch) * stage1 + max(0, step - switch) * stage2
 
 
 def plan(study) -> tuple[float, dict, dict]:
   """(the FLOP budget, {objective: its pre-training config at that budget}, {objective: FLOPs of one step})."""
-  budget = study.budget_steps * step_flops(objective_config(study, REFERENCE))
+  budget = study.budget_steps * objectives.step_flops(objective_config(study, REFERENCE))
   configs, flops = {}, {}
   for name in names(study.objectives):
     c = objective_config(study, name)
-    flops[name] = step_flops(c)
+    flops[name] = objectives.step_flops(c)
     steps = max(1, round(budget / flops[name]))
     # Saves at every, 2·every, ... and the last step: num_checkpoints of them. None is ever deleted: an
     # interruption's extra save must not push out one that is still to be fine-tuned.

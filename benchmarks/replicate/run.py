@@ -6,7 +6,7 @@ import time
 
 from benchmarks import finetune_demo
 from benchmarks.replicate import plan
-from electra_jax import checkpoints as checkpoints_lib
+from electra_jax import workdir as workdir_lib
 from electra_jax import finetune as finetune_lib
 from electra_jax import prepare, storage, train
 
@@ -39,7 +39,7 @@ def wall_time(records: list[dict]) -> float:
 def pretrain(config, workdir: str) -> bool:
   """Pre-trains `config` in `workdir` (resuming what is there) unless its last checkpoint exists; True if it ran."""
   if os.path.isdir(os.path.join(workdir, "checkpoints", str(config.train.num_steps))):
-    checkpoints_lib.check_workdir(workdir, config)  # this study's run, not another one's that reached the same step
+    workdir_lib.check_workdir(workdir, config)  # this study's run, not another one's that reached the same step
     return False
   train.train_and_evaluate(config, workdir)
   return True

@@ -1,0 +1,1 @@
+"""HF transformers interchange: parameter conversion, the tokenizer, and ELECTRA directories."""

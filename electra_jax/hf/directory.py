@@ -1,0 +1,159 @@
+"""An HF transformers ELECTRA directory, written from our parameters (export) and read back into them (import_hf).
+
+`export` writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel) and OUT/generator/ = the generator
+(ElectraForMaskedLM), each with model.safetensors, config.json and the tokenizer (hf/tokenizer.py), plus the run's
+config (electra_jax_config.json). OUT may be local or gs://, and is either complete or absent: everything is written
+into a temporary directory and put in place at the end (locally renamed; on gs://, uploaded with config.json, which
+readers look for first, last).
+
+`import_hf(hf_dir)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator saved locally,
+with its WordPiece vocab.txt; a generator in hf_dir/generator or `generator_dir`) into (config, params) for
+`experiment.create(config)`. The config is the run's own for our exports, the defaults otherwise, with the sizes of
+the HF config.json. The embedding-sharing mode is inferred: "shared" when the generator's embeddings equal the
+discriminator's (or there is no generator: a fresh one is initialised), "untied" otherwise (a gdes run comes back
+untied, its delta folded into the discriminator's table).
+
+Literal "[CLS]"/"[SEP]"/"[MASK]"/"[PAD]"/"[UNK]" typed into text stay single special tokens in HF tokenizers; our
+SentencePiece pipeline never produces special ids from text. Clean such strings from raw text.
+"""
+import json
+import os
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from flax import traverse_util
+
+from electra_jax import config as config_lib
+from electra_jax import modeling, objectives, prepare, storage
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.hf import convert
+from electra_jax.hf import tokenizer as hf_tokenizer
+
+WEIGHTS_FILE = "model.safetensors"
+GENERATOR_DIR = "generator"
+RUN_CONFIG_FILE = "electra_jax_config.json"  # the pre-training config, for import_hf
+
+
+def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: int, out_dir: str):
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  save_file(convert.to_hf_state_dict(model_config, params, net), os.path.join(out_dir, WEIGHTS_FILE),
+            metadata={"format": "pt"})
+  convert.hf_config(model_config, net, pad_id).save_pretrained(out_dir)
+  hf_tokenizer.save_tokenizer(tokenizer_path, out_dir, model_config.max_position_embeddings)
+
+
+def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bool = False,
+           tokenizer_path: str | None = None):
+  """Writes the discriminator to `output` and the generator to `output`/generator, atomically."""
+  storage.refuse_existing(output, overwrite)
+  model_config = modeling.ModelConfig.from_config(config)
+  tokenizer_path = tokenizer_path or prepare.tokenizer_path(config)
+  tok = tokenizer_lib.Tokenizer(tokenizer_path)
+  if tok.vocab_size != model_config.vocab_size:
+    raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
+                     f"{model_config.vocab_size}")
+  if "generator_head" not in params or "discriminator_head" not in params:
+    raise ValueError(f"objective {config.objective.name!r} trains no generator and replaced-token head; HF's "
+                     "ElectraForPreTraining/ElectraForMaskedLM pair has nothing to load")
+  if jax.process_index() != 0:
+    return
+  with storage.staged_dir(output, last="config.json") as tmp:  # is_hf_dir looks for config.json
+    _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
+    _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
+                  os.path.join(tmp, GENERATOR_DIR))
+    with open(os.path.join(tmp, RUN_CONFIG_FILE), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
+
+
+# --- Import ----------------------------------------------------------------------------------------------------------
+
+def _read_weights(directory: str) -> dict:
+  path = epath.Path(directory) / WEIGHTS_FILE
+  if path.exists():
+    from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
+    return load(path.read_bytes())
+  path = epath.Path(directory) / "pytorch_model.bin"
+  if path.exists():
+    import torch  # pylint: disable=g-import-not-at-top
+    with path.open("rb") as f:
+      return {k: v.float().numpy() for k, v in torch.load(f, map_location="cpu", weights_only=True).items()}
+  raise FileNotFoundError(f"{directory} has neither {WEIGHTS_FILE} nor pytorch_model.bin")
+
+
+def _read_hf_config(directory: str) -> dict:
+  path = epath.Path(directory) / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{directory} is not an HF model directory: {path} is missing")
+  cfg = json.loads(path.read_text())
+  if cfg.get("model_type") != "electra":
+    raise ValueError(f"{path}: model_type is {cfg.get('model_type')!r}, not 'electra'")
+  return cfg
+
+
+def is_hf_dir(directory: str) -> bool:
+  path = epath.Path(directory) / "config.json"
+  return path.exists() and "model_type" in json.loads(path.read_text())
+
+
+def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str | None = None):
+  """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
+  hf_dir/generator when present): params fit `train.create(config)` and the config's data.tokenizer points at
+  the directory's tokenizer (sentencepiece.model or vocab.txt)."""
+  disc = _read_hf_config(hf_dir)
+  if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
+    generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
+  gen = _read_hf_config(generator_dir) if generator_dir else None
+  if disc.get("hidden_act", "gelu") != "gelu":
+    raise ValueError(f"{hf_dir}: hidden_act {disc['hidden_act']!r} is not supported (only exact 'gelu')")
+  tokenizer_path = tokenizer_path or hf_tokenizer.tokenizer_file(hf_dir)
+  tok = tokenizer_lib.Tokenizer(tokenizer_path)
+  if tok.vocab_size != disc["vocab_size"]:
+    raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but {hf_dir} has vocab_size "
+                     f"{disc['vocab_size']}")
+
+  # Our own exports carry the run's config (objective, train and data settings); others start from the defaults.
+  config = config_lib.base()
+  run_config = epath.Path(hf_dir) / RUN_CONFIG_FILE
+  if run_config.exists():
+    config.update_from_flattened_dict(traverse_util.flatten_dict(json.loads(run_config.read_text()), sep="."))
+  m = config.model
+  m.update(num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
+           num_heads=disc["num_attention_heads"], intermediate_size=disc["intermediate_size"],
+           embedding_size=disc["embedding_size"], max_position_embeddings=disc["max_position_embeddings"],
+           type_vocab_size=disc["type_vocab_size"], dropout_rate=disc["hidden_dropout_prob"],
+           attention_dropout_rate=disc["attention_probs_dropout_prob"],
+           initializer_range=disc["initializer_range"], layer_norm_eps=disc["layer_norm_eps"])
+  if gen is not None:
+    m.generator_fraction = gen["hidden_size"] / disc["hidden_size"]
+  config.data.update(vocab_size=disc["vocab_size"], tokenizer=storage.absolute(tokenizer_path),
+                     seq_len=min(config.data.seq_len, disc["max_position_embeddings"]))
+  model_config = modeling.ModelConfig.from_config(config)
+  if gen is not None and (model_config.generator.num_heads != gen["num_attention_heads"] or
+                          model_config.generator.intermediate_size != gen["intermediate_size"] or
+                          gen["num_hidden_layers"] != disc["num_hidden_layers"]):
+    raise ValueError(f"{generator_dir}: the generator is not the discriminator scaled by "
+                     f"{m.generator_fraction:.3g} in width (our generators are)")
+
+  d = convert.from_hf_state_dict(model_config, _read_weights(hf_dir), "discriminator", hf_dir)
+  g = None
+  if gen is not None:
+    g = convert.from_hf_state_dict(model_config, _read_weights(generator_dir), "generator", generator_dir)
+  shared = g is None or all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(d["embeddings"]),
+                                                                  jax.tree.leaves(g["embeddings"])))
+  config.objective.embedding_sharing = "shared" if shared else "untied"
+  model_config = modeling.ModelConfig.from_config(config)
+
+  # Start from a fresh init so that parts HF lacks (a generator when none is given) are initialised as ours are.
+  init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(modeling.Electra(model_config), config, rng)))
+  params = jax.device_get(init(jax.random.key(config.train.seed)))
+  emb_key = ("embeddings", "embeddings") if shared else ("discriminator_embeddings", "generator_embeddings")
+  params[emb_key[0]] = d["embeddings"]
+  params["discriminator"], params["discriminator_head"] = d["encoder"], d["head"]
+  if g is not None:
+    params[emb_key[1]] = g["embeddings"]
+    params["generator"], params["generator_head"] = g["encoder"], g["head"]
+  return config, params

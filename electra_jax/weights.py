@@ -1,0 +1,103 @@
+"""Where weights come from: the one resolver of a pre-training workdir, a params-only export or an HF ELECTRA
+directory into (config, params, tokenizer), used by export, fine-tuning and train.init_from, and the params-only
+export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
+
+A new weight format is one more branch in `load`."""
+import os
+from typing import Any, NamedTuple
+
+import flax
+import jax
+import ml_collections
+from etils import epath
+
+from electra_jax import checkpoints, experiment, prepare, state, storage
+from electra_jax import workdir as workdir_lib
+from electra_jax.hf import directory as hf_directory
+
+PARAMS_DIR = "params"
+
+
+class Weights(NamedTuple):
+  config: ml_collections.ConfigDict  # the pre-training config the parameters fit (experiment.create(config))
+  params: Any  # None when only the architecture was asked for
+  tokenizer: str  # the tokenizer file they were trained with
+
+
+def kind(source: str) -> str:
+  """"hf" | "params" | "workdir", or a one-line error naming what `source` lacks."""
+  path = epath.Path(source)
+  if not path.is_dir():
+    raise FileNotFoundError(f"{source} is not a directory")
+  if hf_directory.is_hf_dir(source):
+    return "hf"
+  if (path / PARAMS_DIR).is_dir():
+    return "params"
+  if (path / "config.json").exists():
+    return "workdir"
+  raise FileNotFoundError(f"{source} is neither a pre-training workdir, a params export nor an HF ELECTRA directory "
+                          "(no config.json)")
+
+
+def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
+  """The weights in `source` (a workdir's checkpoint at `step`, default the latest intact one), on this host's devices
+  (HF weights: host arrays). `generator`: an HF generator directory stored apart from an HF discriminator (Google's
+  releases keep them in two directories). with_params=False reads the architecture and tokenizer only."""
+  what = kind(source)
+  if what == "hf":
+    config, params = hf_directory.import_hf(source, generator_dir=generator)
+    return Weights(config, params if with_params else None, config.data.tokenizer)
+  if generator:
+    raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
+  config = workdir_lib.load_config(source)
+  tokenizer = prepare.tokenizer_path(config)
+  if not with_params:
+    return Weights(config, None, tokenizer)
+  target = experiment.create(config).sharded.abstract()
+  if what == "params":
+    return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), target.params), tokenizer)
+  if not checkpoints.has_checkpoint(source):
+    raise FileNotFoundError(f"{source} has no checkpoint under {source}/checkpoints")
+  ckpt = checkpoints.Checkpointer(source, config)
+  try:
+    return Weights(config, ckpt.restore(target, step).state.params, tokenizer)
+  finally:
+    ckpt.close()
+
+
+def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokenizer_path: str):
+  """train.init_from's weights (and train.init_from_generator's, for an HF discriminator) placed on `sharded`'s mesh,
+  after checking that they fit `config` and were trained with the data's tokenizer."""
+  source = config.train.init_from
+  loaded = load(source, generator=config.train.init_from_generator or None)
+  if workdir_lib.fingerprint(loaded.tokenizer) != workdir_lib.fingerprint(tokenizer_path):
+    raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
+                     f"with --config.data.tokenizer={loaded.tokenizer}")
+  want = flax.traverse_util.flatten_dict(sharded.abstract().params, sep="/")
+  got = flax.traverse_util.flatten_dict(loaded.params, sep="/")
+  for path in sorted(want.keys() | got.keys()):
+    if path not in got or path not in want or got[path].shape != want[path].shape:
+      raise ValueError(f"train.init_from={source} does not fit this config at {path}: "
+                       f"{got[path].shape if path in got else 'missing'} there, "
+                       f"{want[path].shape if path in want else 'absent'} here (model sizes, vocabulary, "
+                       "embedding_sharing and objective must match)")
+  return jax.device_put(loaded.params, sharded.state.params)
+
+
+def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
+  """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
+  params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
+  storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
+  loaded = load(workdir, step)
+  with storage.staged_dir(out_dir, last="config.json") as tmp:  # kind() looks for config.json first
+    checkpoints.save_params(os.path.join(tmp, PARAMS_DIR), loaded.params)
+    workdir_lib.write_config(tmp, loaded.config)
+  return storage.absolute(out_dir)
+
+
+def export_hf(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
+  """A workdir's checkpoint (`step`, default: the latest) as an HF ELECTRA directory at `output`."""
+  storage.refuse_existing(output, overwrite)  # before the (slow) restore
+  loaded = load(workdir, step)
+  hf_directory.export(loaded.config, loaded.params, output, overwrite=overwrite, tokenizer_path=loaded.tokenizer)
+
