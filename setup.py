@@ -47,7 +47,7 @@ setuptools.setup(
             "electra-prepare=electra_jax.prepare:run",
             "electra-pretrain=electra_jax.pretrain:run",
             "electra-export=electra_jax.export:run",
-            "electra-finetune=electra_jax.finetune:run",
+            "electra-finetune=electra_jax.finetune.__main__:run",
             "electra-bench=electra_jax.bench:run",
         ],
     },

@@ -145,11 +145,11 @@ def pretraining_section(workdir: str, figure: pathlib.Path) -> list[str]:
 
 def main(argv):
   del argv
-  from electra_jax import finetune  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import model as finetune_model  # pylint: disable=g-import-not-at-top
   seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))
   probe = task_config(_TASKS.value[0])
   probe.update(init_from=_INIT_FROM.value, random_init=True)  # the architecture only
-  src_config = finetune.load_source(probe)[0]
+  src_config = finetune_model.load_source(probe)[0]
   sections, verdicts = [], []
   for task in _TASKS.value:
     for labels in budgets:

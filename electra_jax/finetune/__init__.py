@@ -1,0 +1,15 @@
+"""Fine-tuning the discriminator on a classification, regression or sentence-pair task (`electra-finetune`, or
+`python -m electra_jax.finetune`).
+
+  config.py         the config schema (base_config)
+  tasks.py          task data, splits, encoding, metrics
+  model.py          the classifier, where its encoder comes from, the optimiser
+  loop.py           the loop: evaluation, model selection, checkpoints, resume
+  hf_classifier.py  the best model as an HF ElectraForSequenceClassification directory
+  __main__.py       the command line
+"""
+from electra_jax.finetune.config import base_config
+from electra_jax.finetune.loop import finetune
+from electra_jax.finetune.tasks import carve, compute_metrics, label_sort_key, load_rows
+
+__all__ = ["base_config", "carve", "compute_metrics", "finetune", "label_sort_key", "load_rows"]

