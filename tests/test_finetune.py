@@ -134,6 +134,12 @@ def _assert_hf_parity(workdir, c, names):
                           token_type_ids=torch.tensor(ex.segment_ids[:24], dtype=torch.long),
                           attention_mask=torch.tensor(ex.input_ids[:24] != 0, dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(theirs, ours[:24], atol=1e-5)
+  # best/'s own tokenizer, as AutoTokenizer reads it, gives the ids we encoded.
+  rows_in = tasks.load_rows(c.task)["eval"][0][:24]
+  texts = [[r[f] for r in rows_in] for f in (c.task.text_field, c.task.text_b_field) if f]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(workdir / "best"))
+  enc = hf_tok(*texts, truncation="longest_first", max_length=c.seq_len, padding="max_length")
+  np.testing.assert_array_equal(np.array(enc["input_ids"]), ex.input_ids[:24])
   assert [r["prediction"] for r in rows] == ([names[i] for i in ours.argmax(-1)] if names else ours[:, 0].tolist())
 
 

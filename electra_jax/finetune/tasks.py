@@ -114,18 +114,30 @@ def _column(rows: list[dict], field: str, source: str) -> list:
   return [r[field] for r in rows]
 
 
+def _pair_lengths(na: int, nb: int, budget: int) -> tuple[int, int]:
+  """The lengths HF's longest_first truncation keeps of a pair: a text within half the budget is kept whole and the
+  other cut to the rest; else each gets half, the longer one (b on a tie) the odd token."""
+  if na + nb <= budget:
+    return na, nb
+  half, odd = divmod(budget, 2)
+  if min(na, nb) <= half:
+    return (na, budget - na) if na <= nb else (budget - nb, nb)
+  return (half + odd, half) if na > nb else (half, half + odd)
+
+
 def encode_texts(tok: tokenizer_lib.Tokenizer, texts_a, texts_b, seq_len: int):
-  """ids and segment ids of [CLS] a [SEP] (b [SEP]), truncating the longer text first as HF does."""
+  """ids and segment ids of [CLS] a [SEP] (b [SEP]), truncated as HF's tokenizers do (longest_first)."""
   s = tok.special_ids
   enc_a = tok.encode_batch(list(texts_a))
   enc_b = tok.encode_batch(list(texts_b)) if texts_b is not None else [None] * len(enc_a)
   ids = np.full((len(enc_a), seq_len), s.pad, np.int32)
   seg = np.zeros_like(ids)
   for row, (a, b) in enumerate(zip(enc_a, enc_b)):
-    budget = seq_len - (3 if b is not None else 2)
-    a, b = list(a), list(b) if b is not None else None
-    while len(a) + len(b or ()) > budget:
-      (a if b is None or len(a) > len(b) else b).pop()
+    if b is None:
+      a = list(a)[:seq_len - 2]
+    else:
+      na, nb = _pair_lengths(len(a), len(b), seq_len - 3)
+      a, b = list(a)[:na], list(b)[:nb]
     x = [s.cls] + a + [s.sep] + (b + [s.sep] if b is not None else [])
     ids[row, :len(x)] = x
     seg[row, len(a) + 2:len(x)] = 1
