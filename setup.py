@@ -35,6 +35,8 @@ setuptools.setup(
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
         # Fine-tuning metrics (F1, MCC), the TF-IDF + logistic-regression floor, and the replication's figures.
         "finetune": ["scikit-learn>=1.3,<2", "matplotlib>=3.8,<4"],
+        # The TensorBoard viewer for a workdir's tensorboard/ (the runs write it with tensorboardX).
+        "viewer": ["tensorboard>=2.16,<3"],
         # gs:// paths: gcsfs under etils.epath (every file but the arrays), google-cloud-storage for tensorboardX's
         # event files; Orbax's arrays go through TensorStore, which needs nothing more.
         "gcs": ["gcsfs>=2024.2", "google-cloud-storage>=2.14,<4"],
