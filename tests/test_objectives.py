@@ -1,4 +1,6 @@
 """Masking, sampling and labels of objectives.py on many sequences."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,25 +57,28 @@ def test_bert_recipe_80_10_10():
   assert abs((new == orig).mean() - 0.1) < 0.02
 
 
-def test_sampling_follows_softmax_and_temperature():
+@pytest.mark.parametrize("block", [0, 10, 8])  # one short block; 5 whole blocks; 6 blocks and a shorter last one
+def test_sampling_follows_softmax_and_temperature(block):
   """Frequencies of 40k draws over a 50-token vocabulary match softmax(logits / T) by a chi-square test (p > 1e-4
-  fails a correct sampler once in 10,000 runs; the most likely token 25% too likely fails it)."""
+  fails a correct sampler once in 10,000 runs; the most likely token 25% too likely fails it), for every way the
+  two-level inverse CDF cuts the vocabulary into blocks."""
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(3), (50,)) * 2)
   n = 40_000
+  sample = functools.partial(objectives.sample, block=block)
   for temperature in (1.0, 2.0):
     want = np.asarray(jax.nn.softmax(jnp.log(probs) / temperature), np.float64)
     want /= want.sum()
     logits = jnp.log(probs)[None].repeat(n, 0)
-    draws = np.asarray(objectives.sample(jax.random.key(0), logits, temperature))
+    draws = np.asarray(sample(jax.random.key(0), logits, temperature))
     counts = np.bincount(draws, minlength=50)
     assert scipy.stats.chisquare(counts, want * n).pvalue > 1e-4, temperature
     wrong = want * np.where(np.arange(50) == np.argmax(want), 1.25, 1.0)
     assert scipy.stats.chisquare(counts, wrong / wrong.sum() * n).pvalue < 1e-4
-  cold = np.asarray(objectives.sample(jax.random.key(1), jnp.log(probs)[None].repeat(1000, 0), 0.01))
+  cold = np.asarray(sample(jax.random.key(1), jnp.log(probs)[None].repeat(1000, 0), 0.01))
   assert (cold == int(np.argmax(probs))).mean() > 0.99
   # A zero-probability token is never drawn.
   masked = jnp.log(probs).at[7].set(-jnp.inf)
-  assert 7 not in np.asarray(objectives.sample(jax.random.key(2), masked[None].repeat(n, 0), 1.0))
+  assert 7 not in np.asarray(sample(jax.random.key(2), masked[None].repeat(n, 0), 1.0))
 
 
 def test_disc_loss_counts():
