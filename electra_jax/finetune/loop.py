@@ -43,7 +43,7 @@ def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, regression
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new_state = state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
-  return new_state, dict(loss=loss, grad_norm=optax.tree.norm(grads))
+  return new_state, dict(loss=loss, grad_norm=optax.global_norm(grads))
 
 
 @functools.lru_cache(maxsize=1)
