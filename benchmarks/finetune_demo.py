@@ -144,6 +144,8 @@ def pretraining_section(workdir: str, figure: pathlib.Path) -> list[str]:
 
 
 def main(argv):
+  from electra_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.quiet_orbax()
   del argv
   from electra_jax.finetune import model as finetune_model  # pylint: disable=g-import-not-at-top
   seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))

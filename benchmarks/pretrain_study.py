@@ -103,6 +103,8 @@ def report(study, results: dict, figure: pathlib.Path) -> str:
 
 
 def main(argv):
+  from electra_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.quiet_orbax()
   del argv
   study = _CONFIG.value
   from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top

@@ -27,6 +27,17 @@ any key, at any depth, after it: --config.SECTION.KEY=VALUE (e.g. --config.train
 exist, or a value of the wrong type, is refused in one line."""
 
 
+class _QuietOrbax(logging.logging.Filter):
+  """Orbax narrates every save at INFO; keep its warnings and errors, and our own INFO lines."""
+
+  def filter(self, record):
+    return record.levelno >= logging.logging.WARNING or "/orbax/" not in record.pathname
+
+
+def quiet_orbax():
+  logging.get_absl_handler().addFilter(_QuietOrbax())
+
+
 def fail(command: str, message) -> None:
   """Exits 1 after the one line "<command>: error: <message>" (whitespace folded, so it is one line)."""
   sys.stderr.write(f"{command}: error: {' '.join(str(message).split())}\n")
@@ -84,6 +95,7 @@ def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.
     return argv
 
   def run_main(_):
+    quiet_orbax()
     try:
       main()
     except USER_ERRORS as e:

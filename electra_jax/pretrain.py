@@ -11,7 +11,7 @@ the newest intact one. See docs/reliability.md.
 """
 import os
 
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from electra_jax import cli
@@ -26,15 +26,7 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 flags.register_validator("workdir", bool, message="--workdir must name a directory")
 
 
-class _QuietOrbax(logging.logging.Filter):
-  """Orbax narrates every save at INFO; keep its warnings and errors, and our own INFO lines."""
-
-  def filter(self, record):
-    return record.levelno >= logging.logging.WARNING or "/orbax/" not in record.pathname
-
-
 def main():
-  logging.get_absl_handler().addFilter(_QuietOrbax())
   from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
   train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
