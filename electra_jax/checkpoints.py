@@ -231,7 +231,8 @@ def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0
 
 
 def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
+  # Orbax appends "See full TensorStore details: <a bound method's repr>" to TensorStore's errors: noise to a user.
+  text = str(e).strip().split(" See full TensorStore details")[0]
   return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 

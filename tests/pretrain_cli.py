@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 
+import tensorstore as ts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -71,20 +73,25 @@ def file_hashes(path) -> dict:
 
 
 def spoil(checkpoint, what: str):
-  """Inverts the first 64 bytes of every file of a checkpoint's arrays ("unreadable": metadata included), 64 bytes
-  in the middle of each data file over 10 kB that a process wrote, state/ocdbt.process_*/d/* ("corrupt": the values
-  change, yet TensorStore reads them; the b-tree nodes, in smaller files and in state/d/, have checksums of their
-  own), or deletes the arrays ("partial")."""
+  """Inverts the first 64 bytes of every file of a checkpoint's arrays ("unreadable": metadata included), writes
+  other values into one saved array through TensorStore itself ("corrupt": every file stays well-formed, so only
+  the checksums saved with the checkpoint can tell), or deletes the arrays ("partial").
+
+  "corrupt" goes through TensorStore because the arrays are zstd-compressed: flipped bytes in a data file may or may
+  not still decompress, depending on where the chunks landed."""
   state = os.path.join(checkpoint, "state")
   if what == "partial":
     shutil.rmtree(state)
-  for root, _, files in os.walk(state):
-    for f in files:
-      path = os.path.join(root, f)
-      data_file = os.path.basename(root) == "d" and os.path.basename(os.path.dirname(root)).startswith("ocdbt.process_")
-      if what == "unreadable" or (data_file and os.path.getsize(path) > 10_000):
-        with open(path, "r+b") as fh:
-          data = fh.read()
-          at = 0 if what == "unreadable" else len(data) // 2
-          fh.seek(at)
-          fh.write(bytes(b ^ 0xff for b in data[at:at + 64]))
+  elif what == "corrupt":
+    store = {"driver": "ocdbt", "base": f"file://{os.path.abspath(state)}/"}
+    name = next(k.decode()[:-len("/.zarray")] for k in ts.KvStore.open(store).result().list().result()
+                if k.startswith(b"params.") and k.endswith(b"kernel/.zarray"))
+    array = ts.open({"driver": "zarr", "kvstore": {**store, "path": name + "/"}}).result()
+    array.write(array.read().result() + 1).result()
+  else:
+    for root, _, files in os.walk(state):
+      for f in files:
+        with open(os.path.join(root, f), "r+b") as fh:
+          data = fh.read(64)
+          fh.seek(0)
+          fh.write(bytes(b ^ 0xff for b in data))
