@@ -72,6 +72,14 @@ def file_hashes(path) -> dict:
   return out
 
 
+def saved_arrays(checkpoint) -> dict:
+  """Name -> TensorStore array of a checkpoint's state, opened straight from its files (no Orbax, no target)."""
+  store = {"driver": "ocdbt", "base": f"file://{os.path.abspath(os.path.join(checkpoint, 'state'))}/"}
+  names = [k.decode()[:-len("/.zarray")] for k in ts.KvStore.open(store).result().list().result()
+           if k.endswith(b"/.zarray")]
+  return {n: ts.open({"driver": "zarr", "kvstore": {**store, "path": n + "/"}}).result() for n in names}
+
+
 def spoil(checkpoint, what: str):
   """Inverts the first 64 bytes of every file of a checkpoint's arrays ("unreadable": metadata included), writes
   other values into one saved array through TensorStore itself ("corrupt": every file stays well-formed, so only
@@ -83,10 +91,7 @@ def spoil(checkpoint, what: str):
   if what == "partial":
     shutil.rmtree(state)
   elif what == "corrupt":
-    store = {"driver": "ocdbt", "base": f"file://{os.path.abspath(state)}/"}
-    name = next(k.decode()[:-len("/.zarray")] for k in ts.KvStore.open(store).result().list().result()
-                if k.startswith(b"params.") and k.endswith(b"kernel/.zarray"))
-    array = ts.open({"driver": "zarr", "kvstore": {**store, "path": name + "/"}}).result()
+    array = next(a for n, a in saved_arrays(checkpoint).items() if n.startswith("params.") and n.endswith("kernel"))
     array.write(array.read().result() + 1).result()
   else:
     for root, _, files in os.walk(state):

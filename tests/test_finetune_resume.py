@@ -1,17 +1,19 @@
 """Fine-tuning stopped by a real SIGTERM and run again ends with the same results, best model and predictions as an
-uninterrupted run; a workdir of another config is refused."""
+uninterrupted run; a workdir of another config is refused; a diverging run stops before saving a non-finite state."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from configs import finetune_sentiment
 from electra_jax import finetune
-from tests import helpers
+from tests import helpers, pretrain_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,3 +88,27 @@ def test_sigterm_then_rerun_equals_an_uninterrupted_run(setup):
                      r"0.001 -> 0.002\); pass --config.overwrite=true"):
     finetune.finetune(c, str(stopped))
   assert _outputs(stopped) == whole
+
+
+def test_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(setup):
+  """A learning rate of 1e30 makes the loss overflow within a few steps: the command exits 1 with one line naming the
+  step, saves nothing from that step on, writes no best model or results, and the checkpoints it kept are finite."""
+  d, overrides = setup
+  workdir = d / "diverges"
+  proc = _cli(workdir, {**overrides, "train.learning_rate": 1e30, "train.checkpoint_every": 1},
+              stderr=subprocess.PIPE)
+  _, err = proc.communicate(timeout=300)
+  line = err.strip().splitlines()[-1]
+  assert proc.returncode == 1, err[-3000:]
+  match = re.fullmatch(r"electra-finetune: error: loss=\S+ grad_norm=\S+ at step (\d+): stopped without saving it"
+                       r"(; the last good checkpoint is kept \(step (\d+) under .*\))?", line)
+  assert match, line
+  bad = int(match[1])
+  saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert bad < 40 and all(s < bad for s in saved) and (saved[-1] if saved else None) == (
+      int(match[3]) if match[3] else None), (bad, saved)
+  assert not (workdir / "best").exists() and not (workdir / "eval_results.json").exists()
+  for step in saved:
+    arrays = pretrain_cli.saved_arrays(workdir / "checkpoints" / str(step))
+    assert any(n.startswith("params.") for n in arrays)
+    assert all(np.isfinite(a.read().result()).all() for a in arrays.values()), step
