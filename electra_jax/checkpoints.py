@@ -27,7 +27,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from electra_jax import storage, workdir as workdir_lib
+from electra_jax import sharding, storage, workdir as workdir_lib
 
 class Restored(NamedTuple):
   state: Any
@@ -253,10 +253,7 @@ def _shapes(tree) -> dict:
 def checksums(tree) -> dict:
   """{name: CRC-32 of the global array's bytes}, the same on any mesh. Each array is copied to the host (gathered
   from every process where it is not fully addressable), one at a time: a pass over the state in host memory."""
-  def crc(x) -> int:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      x = multihost_utils.process_allgather(x, tiled=True)
-    return zlib.crc32(np.ascontiguousarray(jax.device_get(x)).reshape(-1).view(np.uint8))
+  crc = lambda x: zlib.crc32(np.ascontiguousarray(sharding.to_host(x)).reshape(-1).view(np.uint8))
   return {name: crc(x) for name, x in _named_leaves(tree)}
 
 

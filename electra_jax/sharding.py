@@ -12,6 +12,7 @@ import flax.linen as nn
 from absl import logging
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from electra_jax import storage
@@ -106,3 +107,13 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def to_host(tree):
+  """Every array of `tree` as a numpy array of its global value, on every process. An array split across processes
+  is gathered from them: a collective, so every process must call this with the same tree."""
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+  return jax.tree.map(one, tree)

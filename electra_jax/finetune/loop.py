@@ -147,7 +147,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     n, ebs = len(examples.labels), ft.train.eval_batch_size
     out = [predict(params, _to_global(examples, np.arange(start, start + ebs) % n, sharded.batch), rng)
            for start in range(0, n, ebs)]
-    return np.concatenate(jax.device_get(out))[:n]
+    return np.concatenate([sharding.to_host(o) for o in out])[:n]  # each host's rows, gathered
 
   # Every check passed: only now is anything written or deleted.
   if replace:
@@ -175,7 +175,8 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
   def save_best(record: dict, eval_logits: np.ndarray):
     """best/ and the predictions of the model `record` evaluated."""
     progress["best"] = record
-    hf_classifier.save(mc, state.params, names, tokenizer_path, tok.special_ids.pad, f"{workdir}/{BEST_DIR}")
+    hf_classifier.save(mc, sharding.to_host(state.params), names, tokenizer_path, tok.special_ids.pad,
+                       f"{workdir}/{BEST_DIR}")  # every process takes part in the gather; process 0 writes
     outputs = [("eval", eval_logits)] + ([("test", logits_of(state.params, test_ex))] if test_ex else [])
     for split, logits in outputs:
       if jax.process_index() == 0:
