@@ -147,7 +147,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     n, ebs = len(examples.labels), ft.train.eval_batch_size
     out = [predict(params, _to_global(examples, np.arange(start, start + ebs) % n, sharded.batch), rng)
            for start in range(0, n, ebs)]
-    return np.concatenate([sharding.to_host(o) for o in out])[:n]  # each host's rows, gathered
+    return np.concatenate(sharding.to_host(out))[:n]  # every host's rows, gathered
 
   # Every check passed: only now is anything written or deleted.
   if replace:
