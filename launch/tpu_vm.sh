@@ -167,7 +167,7 @@ mkdir -p "$HOME/electra_jax"
 tar -xzf "$HOME/electra_jax.tar.gz" -C "$HOME/electra_jax"
 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet --upgrade uv
 "$HOME/.local/bin/uv" venv --python '"$REMOTE_PYTHON"' "$HOME/electra_venv"
-"$HOME/.local/bin/uv" pip install --python "$HOME/electra_venv/bin/python" "$HOME/electra_jax[data,gcs]" "jax[tpu]"
+"$HOME/.local/bin/uv" pip install --python "$HOME/electra_venv/bin/python" "$HOME/electra_jax[prepare,gcs]" "jax[tpu]"
 echo "electra_jax '"${sha:0:12}"' installed on $(hostname)"'
 }
 

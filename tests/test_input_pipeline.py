@@ -65,11 +65,12 @@ def test_resume_gives_identical_batches(tiny_data):
 def test_epochs_are_reshuffled_and_seed_matters(tiny_data):
   config, prepared = tiny_data
   n = prepared.stats["train"]["examples"]
-  it = input_pipeline.TrainIterator(prepared.dataset_dir, n, seed=0, process_index=0, process_count=1)
+  reader = input_pipeline.Reader(prepared.dataset_dir)
+  it = input_pipeline.TrainIterator(reader, n, seed=0, process_index=0, process_count=1)
   first, second = next(it), next(it)
   assert _rows([first]) == _rows([second])  # each epoch is a permutation of the split
   assert (first["input_ids"] != second["input_ids"]).any()
-  other = input_pipeline.TrainIterator(prepared.dataset_dir, n, seed=1, process_index=0, process_count=1)
+  other = input_pipeline.TrainIterator(reader, n, seed=1, process_index=0, process_count=1)
   assert (next(other)["input_ids"] != first["input_ids"]).any()
 
 

@@ -40,7 +40,8 @@ def run():
     results = finetune.finetune(config.value, workdir.value)
     if results is not None:
       logging.info("%s", json.dumps(results))
-  cli.run("electra-finetune", __doc__, main, [config, workdir], required=["config", "workdir"])
+  cli.run("electra-finetune", __doc__, main, [config, workdir], required=["config", "workdir"],
+          needs=["tensorboardX"])
 
 
 if __name__ == "__main__":

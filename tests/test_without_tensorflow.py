@@ -1,0 +1,124 @@
+"""Everything after electra-prepare runs with TensorFlow absent, as on a GPU image that has none: pre-training (with
+evaluation, and a resumed leg), export and fine-tuning give the same figures as with TensorFlow installed.
+
+"Absent" is a sitecustomize that hides the packages named in $HIDDEN_PACKAGES from every import finder, so importing
+one raises ModuleNotFoundError and importlib.util.find_spec gives None, as when it is not installed. A command that
+needs a hidden package (TensorFlow to prepare, tensorboardX, gcsfs for gs://) says so in one line and writes nothing.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+from tests import pretrain_cli as cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HIDE_PACKAGES = '''
+import os
+import sys
+
+_HIDDEN = os.environ.get("HIDDEN_PACKAGES", "").split(",")
+
+def _hidden(name):
+  return name.split(".")[0] in _HIDDEN
+
+class _Hide:
+  def __init__(self, finder):
+    self._finder = finder
+
+  def find_spec(self, name, path=None, target=None):
+    find = getattr(self._finder, "find_spec", None)
+    return None if _hidden(name) or find is None else find(name, path, target)
+
+  def __getattr__(self, name):
+    return getattr(self._finder, name)
+
+sys.meta_path[:] = [_Hide(f) for f in sys.meta_path]
+'''
+# The library behind every command after electra-prepare (the commands define flags at import: one at a time).
+AFTER_PREPARE = ("electra_jax.train", "electra_jax.experiment", "electra_jax.finetune.loop", "electra_jax.weights",
+                 "electra_jax.hf.directory", "electra_jax.data.input_pipeline", "electra_jax.prepare")
+PRETRAIN = ("--config.train.log_every=5", "--config.train.eval_every=10", "--config.train.checkpoint_every=10")
+FINETUNE = ("--config=configs/finetune_sentiment.py", "--config.task.num_epochs=0.04", "--config.train.log_every=3",
+            "--config.seq_len=32")
+
+
+@pytest.fixture(scope="module")
+def envs(tmp_path_factory):
+  """(with TensorFlow, without it): subprocess environments sharing one compilation cache."""
+  hide = tmp_path_factory.mktemp("hide_packages")
+  (hide / "sitecustomize.py").write_text(HIDE_PACKAGES)
+  with_tf = cli.env(tmp_path_factory.mktemp("cache"))
+  return with_tf, dict(with_tf, PYTHONPATH=os.pathsep.join([str(hide), ROOT]), HIDDEN_PACKAGES="tensorflow")
+
+
+def _python(environ, *args) -> subprocess.CompletedProcess:
+  out = subprocess.run([sys.executable, *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=420,
+                       check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def test_tensorflow_is_hidden(envs):
+  out = _python(envs[1], "-c", "import importlib.util\ntry:\n  import tensorflow\nexcept ModuleNotFoundError:\n"
+                "  print('absent', importlib.util.find_spec('tensorflow'))")
+  assert out.stdout.strip() == "absent None"
+
+
+def test_nothing_after_prepare_imports_tensorflow(envs):
+  """With TensorFlow installed, importing the training, export and fine-tuning code leaves it unimported."""
+  code = (f"import sys\nfor m in {AFTER_PREPARE!r}: __import__(m)\n"
+          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))")
+  assert _python(envs[0], "-c", code).stdout.strip() == "[]"
+
+
+def _pretrain_export_finetune(environ, config, root) -> dict:
+  """Pre-trains 20 steps, resumes to 30 (the same command, longer), exports, fine-tunes the export, benchmarks the
+  step on the prepared data; the figures."""
+  workdir = root / "run"
+  for steps in (20, 30):
+    out = cli.run(environ, config, workdir, *PRETRAIN, f"--config.train.num_steps={steps}")
+    assert out.returncode == 0, out.stderr[-3000:]
+  _python(environ, "-m", "electra_jax.export", f"--workdir={workdir}", f"--output={root / 'export'}")
+  _python(environ, "-m", "electra_jax.finetune", *FINETUNE, f"--config.init_from={root / 'export'}",
+          f"--workdir={root / 'finetune'}")
+  bench = _python(environ, "-m", "electra_jax.bench", "--config=configs/tiny.py", f"--data_dir={config.data.data_dir}",
+                  "--steps=1", "--warmup=1", "--pipeline", "--pipeline_batches=5")
+  return {"pretrain": [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()],
+          "finetune": json.loads((root / "finetune" / "eval_results.json").read_text()),
+          "bench": json.loads(bench.stdout.splitlines()[-1])}
+
+
+def test_pretrain_resume_export_finetune_without_tensorflow(tiny_data, envs, tmp_path):
+  config, _ = tiny_data
+  with_tf, without = (_pretrain_export_finetune(e, config, tmp_path / name)
+                      for e, name in zip(envs, ("with", "without")))
+  steps = [r["step"] for r in without["pretrain"]]
+  assert steps == [5, 10, 15, 20, 25, 30] and [r["step"] for r in with_tf["pretrain"]] == steps
+  assert sum("eval_disc_auc" in r for r in without["pretrain"]) == 3
+  for a, b in zip(with_tf["pretrain"], without["pretrain"]):
+    for key in ("loss", "mlm_loss", "disc_loss", "eval_loss", "eval_disc_auc"):
+      assert a.get(key) == b.get(key), (a["step"], key)
+  for key in ("train_loss", "accuracy", "num_steps"):
+    assert with_tf["finetune"][key] == without["finetune"][key], key
+  assert without["bench"]["loss"] == with_tf["bench"]["loss"] and without["bench"]["pipeline_tokens_per_sec"] > 0
+
+
+@pytest.mark.parametrize("hidden, command, extra", [
+    ("tensorflow", ["electra_jax.prepare"], "prepare"),
+    ("tensorboardX", ["electra_jax.pretrain", "--workdir={out}"], None),
+    ("gcsfs", ["electra_jax.pretrain", "--workdir=gs://bucket/run"], "gcs"),
+])
+def test_a_missing_package_is_one_line_naming_the_extra(envs, tmp_path, hidden, command, extra):
+  out = tmp_path / "out"
+  args = [sys.executable, "-m", command[0], "--config=configs/tiny.py", f"--config.data.data_dir={out}",
+          *(a.format(out=out) for a in command[1:])]
+  result = subprocess.run(args, cwd=ROOT, env=dict(envs[1], HIDDEN_PACKAGES=hidden), capture_output=True, text=True,
+                          timeout=120, check=False)
+  helpers.assert_one_line_error(result, "which is not installed")
+  assert (f"pip install 'electra_jax[{extra}]'" if extra else "a dependency of electra_jax") in result.stderr
+  assert not out.exists()
