@@ -125,7 +125,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import experiment, objectives, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax import experiment, modeling, objectives, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()
@@ -149,6 +149,9 @@ def main():
   result = dict(config=name, device=device.device_kind, platform=device.platform,
                 num_devices=len(exp.sharded.mesh.devices.flat),
                 batch=batch_size, seq_len=seq_len, dtype=config.model.dtype, remat=config.model.remat,
+                attention_impl=exp.model.config.attention_impl,
+                attention_kernel=(modeling.fused_kernel(config.model.dtype) or "xla"
+                                  if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=objectives.step_flops(exp.config), jax=jax.__version__)
 
   if _MEMORY_ONLY.value:
@@ -169,9 +172,10 @@ def main():
     result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
   if _PIPELINE.value:
     result.update(time_pipeline(config, prepared, _PIPELINE_BATCHES.value))
-  print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} on {result['num_devices']} x {device.device_kind}"
-        f"  compile {result['compile_s']:.1f} s  step {result['step_time_s'] * 1e3:.1f} ms  "
-        f"{result['tokens_per_sec']:.0f} tok/s  {result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
+  print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention ({result['attention_kernel']}) on "
+        f"{result['num_devices']} x {device.device_kind}  compile {result['compile_s']:.1f} s  "
+        f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
+        f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
         f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
   print(json.dumps(result))
 

@@ -33,6 +33,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       layer_norm_eps=1e-12,
       dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
+      attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
   ))
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 
 SHARING_MODES = ("shared", "untied", "all", "gdes")
+ATTENTION_IMPLS = ("einsum", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ModelConfig:
   dtype: str = "float32"
   remat: bool = False
   embedding_sharing: str = "shared"
+  attention_impl: str = "einsum"
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
@@ -54,6 +56,14 @@ class ModelConfig:
     if config.data.seq_len > m.max_position_embeddings:
       raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the position table "
                        f"(model.max_position_embeddings={m.max_position_embeddings})")
+    # .get: config.json of workdirs from before the key was added lacks it.
+    attention_impl = m.get("attention_impl", "einsum")
+    if attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"model.attention_impl={attention_impl!r}: expected one of {', '.join(ATTENTION_IMPLS)}")
+    if attention_impl == "fused" and m.attention_dropout_rate > 0:
+      raise ValueError("model.attention_impl='fused' cannot drop attention probabilities (jax.nn.dot_product_attention "
+                       f"has no dropout): set model.attention_dropout_rate=0 (got {m.attention_dropout_rate}) "
+                       "or use model.attention_impl=einsum")
     disc = EncoderConfig(m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size)
     f = m.generator_fraction
     gen = EncoderConfig(m.num_layers, max(1, round(m.hidden_size * f)), max(1, round(m.num_heads * f)),
@@ -63,7 +73,7 @@ class ModelConfig:
                type_vocab_size=m.type_vocab_size, dropout_rate=m.dropout_rate,
                attention_dropout_rate=m.attention_dropout_rate, initializer_range=m.initializer_range,
                layer_norm_eps=m.layer_norm_eps, dtype=m.dtype, remat=m.remat,
-               embedding_sharing=config.objective.embedding_sharing)
+               embedding_sharing=config.objective.embedding_sharing, attention_impl=attention_impl)
 
   @property
   def compute_dtype(self):
@@ -137,9 +147,22 @@ class Embeddings(nn.Module):
     return self.dropout(x, deterministic=deterministic)
 
 
+def fused_kernel(dtype) -> str | None:
+  """jax.nn.dot_product_attention's implementation for "fused": "cudnn" where cuDNN's flash attention runs (an
+  NVIDIA GPU, 16-bit inputs), else None (JAX's XLA lowering)."""
+  device = jax.devices()[0]
+  nvidia = device.platform == "gpu" and "NVIDIA" in device.device_kind
+  return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a padding mask. Q, K, V are separate layers: slicing a fused QKV projection
-  costs extra copies in the backward pass, and HF's layout keeps them separate too."""
+  costs extra copies in the backward pass, and HF's layout keeps them separate too.
+
+  attention_impl "einsum" spells the attention out; "fused" calls jax.nn.dot_product_attention (same parameters,
+  same math, no dropout) with the padding given as key lengths (padding is trailing in every batch built here): cuDNN
+  flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`), XLA's lowering elsewhere.
+  """
   config: ModelConfig
   encoder: EncoderConfig
 
@@ -151,11 +174,19 @@ class SelfAttention(nn.Module):
     q = split(dense(c, e.hidden_size, ("hidden", "qkv"), "query")(x))
     k = split(dense(c, e.hidden_size, ("hidden", "qkv"), "key")(x))
     v = split(dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
-    scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
-    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(c.compute_dtype)
-    probs = Dropout(c.attention_dropout_rate)(probs, deterministic=deterministic)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(x.shape[:2] + (e.hidden_size,))
+    # from_config rejects fused + attention dropout, but fine-tuning replaces the rate afterwards (from a fused
+    # pre-training config): its dropout steps take the einsum path, which uses the very same parameters.
+    mask = mask[:, None, None, :]  # [batch, heads, query, key]
+    if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
+      ctx = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.sum(-1, dtype=jnp.int32)[:, 0, 0],
+                                         scale=head_dim ** -0.5, implementation=fused_kernel(c.compute_dtype))
+    else:
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
+      scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+      probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(c.compute_dtype)
+      probs = Dropout(c.attention_dropout_rate)(probs, deterministic=deterministic)
+      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    ctx = ctx.reshape(x.shape[:2] + (e.hidden_size,))
     return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
 
 

@@ -18,28 +18,42 @@ from electra_jax import experiment, objectives
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 REQUIRED = ("tokens_per_sec", "step_time_s", "tflops_per_device", "mfu", "device", "config", "batch", "seq_len",
-            "compile_s", "peak_memory_bytes", "jax")
+            "compile_s", "peak_memory_bytes", "jax", "attention_impl")
 
 
-def bench(*args) -> dict:
-  """electra-bench on one layer of configs/tiny.py, on one device at XLA's fastest-compiling level (this is about the
-  harness, not the speed)."""
+def bench_output(*args) -> str:
+  """electra-bench's stdout on one layer of configs/tiny.py, on one device at XLA's fastest-compiling level (this is
+  about the harness, not the speed)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_backend_optimization_level=0")
   out = subprocess.run([sys.executable, "-m", "electra_jax.bench", "--config=configs/tiny.py",
                         "--config.model.num_layers=1", "--config.data.seq_len=32", *args],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return out.stdout
+
+
+def bench(*args) -> dict:
+  """The last line of bench_output: its JSON result."""
+  return json.loads(bench_output(*args).strip().splitlines()[-1])
 
 
 def test_bench_reports_json():
   result = bench("--steps=2", "--warmup=1", "--config.train.batch_size=8")
   assert set(REQUIRED) <= result.keys()
   assert result["config"] == "tiny" and result["device"] == "cpu" and result["mfu"] is None
+  assert result["attention_impl"] == "einsum"
   assert (result["batch"], result["seq_len"], result["num_devices"]) == (8, 32, 1)
   assert result["tokens_per_sec"] > 0 and result["tflops_per_device"] > 0 and result["compile_s"] > 0
   assert math.isclose(result["tokens_per_sec"] * result["step_time_s"], 8 * 32, rel_tol=1e-6)
   assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and math.isfinite(result["loss"])
+
+
+def test_bench_reports_fused_attention():
+  lines = bench_output("--steps=1", "--warmup=0", "--config.train.batch_size=8", "--config.model.attention_impl=fused",
+                       "--config.model.attention_dropout_rate=0").strip().splitlines()
+  result = json.loads(lines[-1])
+  assert result["attention_impl"] == "fused" and result["attention_kernel"] == "xla"  # cuDNN only on NVIDIA GPUs
+  assert " fused attention (xla) on " in lines[-2]
 
 
 def test_bench_memory_only_compiles_per_device_share():

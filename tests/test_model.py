@@ -1,8 +1,11 @@
 """The networks against HF transformers' ELECTRA, and where gradients may flow between G and D."""
+import dataclasses
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -118,3 +121,109 @@ def test_a_correct_sample_is_labelled_real(favoured, replaced):
     assert fraction > 0.05
   else:
     assert fraction == 0.0
+
+
+def _attention_config(impl="einsum", dtype="float32"):
+  c = config_lib.base("tiny")  # D: 2 heads of 32, G: 1 head of 32
+  c.data.update(vocab_size=100, seq_len=32)
+  c.model.update(attention_impl=impl, dtype=dtype, attention_dropout_rate=0.0)
+  return c
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_inputs():
+  """Params (every leaf perturbed, so LayerNorms and biases matter; Q and K enough for peaked, trained-like
+  attention rather than a near-uniform one that hides a wrong scale) and a batch shaped like packed data: full rows
+  and rows padded from 9, 20 or 31 on, so that an unmasked pad would change the outputs."""
+  c = _attention_config()
+  params = flax.core.meta.unbox(objectives.init_params(modeling.Electra(modeling.ModelConfig.from_config(c)), c,
+                                                       jax.random.key(0)))
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + (0.2 if path[-2].key in ("query", "key") else 0.05) *
+      rng.standard_normal(x.shape).astype(np.float32), params)
+  ids = rng.integers(5, 100, (8, 32)).astype(np.int32)
+  for row, length in enumerate([32, 9, 32, 20, 31, 32, 9, 20]):
+    ids[row, length:] = 0
+  segments = (np.arange(32) >= 12).astype(np.int32)[None].repeat(8, 0)
+  positions = np.stack([rng.choice(8, 5, replace=False) for _ in range(8)]).astype(np.int32)
+  return params, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions)
+
+
+def _attention_outputs(impl, dtype="float32"):
+  """(discriminator logits, generator logits, grads of a scalar loss of both w.r.t. every param), freshly traced."""
+  params, ids, segments, positions = _attention_inputs()
+  model = modeling.Electra(modeling.ModelConfig.from_config(_attention_config(impl, dtype)))
+
+  def loss(p):
+    disc = model.apply({"params": p}, ids, segments, method=model.discriminator_logits)
+    gen = model.apply({"params": p}, ids, segments, positions, method=model.generator_logits)
+    return jnp.mean(jnp.sin(disc)) + jnp.mean(jax.nn.log_softmax(gen)[..., 7]), (disc, gen)
+
+  (_, (disc, gen)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return disc, gen, grads
+
+
+def _max_diffs(a, b):
+  """Max |a - b| per output: discriminator logits, generator logits, and over every gradient leaf."""
+  return tuple(max(float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+                   for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(v))) for u, v in zip(a, b))
+
+
+def _break_fused(monkeypatch, broken):
+  """jax.nn.dot_product_attention without its padding lengths (broken="mask") or with the default scale of 1 (broken="scale"):
+  the mistakes the tolerances below must catch."""
+  fused = jax.nn.dot_product_attention
+  def wrong(q, k, v, key_value_seq_lengths=None, scale=None, **kw):
+    return fused(q, k, v, key_value_seq_lengths=None if broken == "mask" else key_value_seq_lengths,
+                 scale=1.0 if broken == "scale" else scale, **kw)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", wrong)
+
+
+def test_fused_attention_equals_einsum_in_float32(monkeypatch):
+  einsum = _attention_outputs("einsum")
+  assert max(_max_diffs(_attention_outputs("fused"), einsum)) < 1e-5
+  for broken in ("mask", "scale"):
+    with monkeypatch.context() as m:
+      _break_fused(m, broken)
+      assert min(_max_diffs(_attention_outputs("fused"), einsum)) > 1e-3, broken
+
+
+def test_fused_attention_in_bfloat16_is_as_close_to_float32_as_einsum(monkeypatch):
+  """bf16 keeps 8 mantissa bits, so neither path equals float32 (or each other) to 1e-5. Both are measured against
+  the float32 result instead, per output: the fused path rounds where the einsum one does (its logits stay float32,
+  if anything more exact), so it may err at most 2x as much (measured: ~1.05x). A missing mask or scale errs far
+  more (checked; measured ~5x on the gradients, 10-18x on the logits), so the bound cannot pass trivially."""
+  reference = _attention_outputs("einsum")
+  einsum_error = _max_diffs(_attention_outputs("einsum", "bfloat16"), reference)
+  assert all(0 < e < 0.1 for e in einsum_error), einsum_error  # bf16 really ran, and is close
+  fused_error = _max_diffs(_attention_outputs("fused", "bfloat16"), reference)
+  assert all(f <= 2 * e for f, e in zip(fused_error, einsum_error)), (fused_error, einsum_error)
+  for broken in ("mask", "scale"):
+    with monkeypatch.context() as m:
+      _break_fused(m, broken)
+      broken_error = _max_diffs(_attention_outputs("fused", "bfloat16"), reference)
+      assert all(b > 2 * e for b, e in zip(broken_error, einsum_error)), (broken, broken_error, einsum_error)
+
+
+def test_fused_attention_with_dropout_set_after_from_config_takes_the_einsum_path():
+  """Fine-tuning replaces attention_dropout_rate after from_config: its training steps drop through the einsum path."""
+  params, ids, segments, _ = _attention_inputs()
+  mc = modeling.ModelConfig.from_config(_attention_config("fused"))
+  out = [modeling.Electra(dataclasses.replace(mc, attention_impl=impl, attention_dropout_rate=0.1)).apply(
+      {"params": params}, ids, segments, deterministic=False, method=modeling.Electra.discriminator_logits,
+      rngs={"dropout": jax.random.key(1)}) for impl in ("einsum", "fused")]
+  np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_attention_impl_config_errors_name_the_key():
+  c = _attention_config("flash")
+  with pytest.raises(ValueError, match=r"model.attention_impl='flash': expected one of einsum, fused"):
+    modeling.ModelConfig.from_config(c)
+  c = _attention_config("fused")
+  c.model.attention_dropout_rate = 0.1
+  with pytest.raises(ValueError, match=r"model.attention_impl='fused'.*model.attention_dropout_rate=0"):
+    modeling.ModelConfig.from_config(c)
+  old = _attention_config().to_dict()  # a config.json written before the key existed
+  del old["model"]["attention_impl"]
+  assert modeling.ModelConfig.from_config(ml_collections.ConfigDict(old)).attention_impl == "einsum"
