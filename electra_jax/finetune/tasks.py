@@ -10,6 +10,7 @@ import os
 import numpy as np
 from etils import epath
 
+from electra_jax import packages
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.finetune.config import METRICS
 
@@ -39,21 +40,128 @@ def _builtin_rows(name: str) -> list[dict]:
   return [{"text": t, "label": l} for t, l in rows.items()]
 
 
-def _file_rows(path: str) -> list[dict]:
+def _read_text(path: str) -> str:
   if not epath.Path(path).exists():
     raise FileNotFoundError(f"task file {path} does not exist")
-  with io.StringIO(epath.Path(path).read_bytes().decode("utf-8"), newline="") as f:
-    if path.endswith((".jsonl", ".json")):
-      return [json.loads(line) for line in f if line.strip()]
-    if path.endswith((".csv", ".tsv")):
-      # GLUE's TSVs have unescaped quotes: no quoting in TSV.
-      kw = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else {}
-      return list(csv.DictReader(f, **kw))
+  data = epath.Path(path).read_bytes()
+  try:
+    return data.decode("utf-8-sig")  # -sig: Excel and Notepad start UTF-8 files with an invisible byte-order mark
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8 (save the file as UTF-8)") from None
+
+
+def _parse(path: str) -> tuple[set, list[tuple[int, dict]]]:
+  """(the columns: a CSV/TSV header or every key of the JSON objects, (line, row) of every non-blank row); lines count
+  from 1 as an editor shows them (a CSV/TSV header is line 1, a row with a quoted line break is at its first line)."""
+  f = io.StringIO(_read_text(path), newline="")
+  rows = []
+  if path.endswith((".jsonl", ".json")):
+    for n, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          row = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}: line {n}: invalid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+          raise ValueError(f"{path}: line {n}: {_kind(row)}, not a JSON object (one object per line)")
+        rows.append((n, row))
+    return set().union(*(row for _, row in rows)), rows
+  if path.endswith((".csv", ".tsv")):
+    # GLUE's TSVs have unescaped quotes: no quoting in TSV.
+    # strict: a quote left open is an error, not the rest of the file read as one text.
+    reader = csv.reader(f, **(dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else
+                              dict(strict=True)))
+    end = 0  # the last line of the last row read
+    try:
+      header = next(reader, [])
+      end = reader.line_num
+      for cells in reader:
+        start, end = end + 1, reader.line_num
+        if len(cells) > len(header):  # an unquoted delimiter inside a text: its cells would shift into other columns
+          raise ValueError(f"{path}: line {start}: {len(cells)} cells but the header has {len(header)} columns")
+        if cells:  # blank lines are skipped, as csv.DictReader does; a short row lacks its last columns' keys
+          rows.append((start, dict(zip(header, cells))))
+    except csv.Error as e:
+      raise ValueError(f"{path}: line {end + 1}: malformed row ({e})") from None
+    return set(header), rows
   raise ValueError(f"task file {path}: expected .jsonl, .json, .csv or .tsv")
+
+
+def _kind(value) -> str:
+  """A JSON value's kind, as messages name it."""
+  for types, kind in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+                      (list, "a list")):
+    if isinstance(value, types):
+      return kind
+  return "an object"
+
+
+def _finite(value) -> float | None:
+  """A JSON number or numeric string as a float finite in float32 (what training uses), else None."""
+  if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    return None
+  try:
+    x = float(value)
+  except (ValueError, OverflowError):  # OverflowError: an integer past float64's range
+    return None
+  with np.errstate(over="ignore"):
+    return x if np.isfinite(np.float32(x)) else None
+
+
+def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task, labelled: bool) -> list[dict]:
+  """The rows, once every text and (when labelled) label is present and usable, with classification labels in one
+  form per value and regression targets as floats. Refused, naming the line: a missing, null or empty value; a
+  regression target that is not a finite number; for classification, what would silently make one class two: labels
+  of different kinds (1, "1", true) or one value spelt two ways ("1" and "1.0", "pos" and " pos"). JSON's 1 and 1.0
+  are one number, so 1.0 is read as 1. A column the file lacks altogether is left to _column, which lists those it
+  has."""
+  show = lambda v: json.dumps(v, ensure_ascii=False)
+  fields = [f for f in (task.text_field, task.text_b_field) if f in columns]
+  label = task.label_field if labelled and task.label_field in columns else None
+  first, spellings = None, {}  # (line, label) of the first label; string label's number or stripped text -> same
+  for n, row in numbered:
+    for field in fields + [label] * bool(label):
+      value = row.get(field)
+      if value is None:  # a JSON null, a key a JSON object lacks, the cells a short CSV row lacks
+        raise ValueError(f"{path}: line {n}: {field!r} is {'null' if field in row else 'missing'}")
+      if field == label and isinstance(value, str) and not value.strip():  # an empty text is still a text
+        raise ValueError(f"{path}: line {n}: {field!r} is empty")
+      if field != label and _kind(value) not in ("a string", "a number"):
+        raise ValueError(f"{path}: line {n}: {field!r} is {_kind(value)}, not a text")
+    if label is None:
+      continue
+    value = row[label]
+    if task.type == "regression":
+      row[label] = _finite(value)
+      if row[label] is None:
+        raise ValueError(f"{path}: line {n}: regression target {label!r} is {show(value)}, not a finite number")
+      continue
+    kind = _kind(value)
+    if kind not in ("a boolean", "a number", "a string") or kind == "a number" and _finite(value) is None:
+      raise ValueError(f"{path}: line {n}: label {show(value)} is not a string, finite number or boolean")
+    if kind == "a number" and float(value).is_integer():
+      row[label] = value = int(value)
+    first = first or (n, value)
+    if _kind(first[1]) != kind:
+      raise ValueError(f"{path}: line {n}: label {show(value)} is {kind} but line {first[0]}'s {show(first[1])} is "
+                       f"{_kind(first[1])}: write every label the same way")
+    if kind == "a string":
+      x = _finite(value)
+      at, spelt = spellings.setdefault(value.strip() if x is None else x, (n, value))
+      if spelt != value:
+        raise ValueError(f"{path}: line {n}: label {show(value)} and line {at}'s {show(spelt)} are one label spelt "
+                         "two ways: write it one way")
+  return [row for _, row in numbered]
+
+
+def _file_rows(path: str, task, labelled: bool = True) -> list[dict]:
+  return _check_rows(path, *_parse(path), task, labelled)
 
 
 def _tfds_rows(task, split: str) -> list[dict]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  packages.require("tensorflow", f"task.tfds_name={task.tfds_name} (TFDS reads its TFRecords with TensorFlow)")
   try:
     ds = tfds.load(task.tfds_name, split=split, data_dir=task.tfds_data_dir or None, download=False)
   except Exception as e:  # pylint: disable=broad-except
@@ -80,9 +188,9 @@ def load_rows(task) -> dict[str, tuple[list[dict], str]]:
   if not task.train_file:
     raise ValueError(f"no task data: set task.name to one of {', '.join(BUILTIN_TASKS)}, task.train_file or "
                      "task.tfds_name")
-  train = _file_rows(task.train_file)
+  train = _file_rows(task.train_file, task)
   if task.eval_file:
-    return dict(train=(train, task.train_file), eval=(_file_rows(task.eval_file), task.eval_file))
+    return dict(train=(train, task.train_file), eval=(_file_rows(task.eval_file, task), task.eval_file))
   train, evl = _split(train, task.eval_fraction, task.split_seed)
   return dict(train=(train, f"{task.train_file} (train part)"), eval=(evl, f"{task.train_file} (held-out part)"))
 
@@ -92,7 +200,7 @@ def test_rows(task) -> tuple[list[dict], str] | None:
   if task.tfds_name and task.test_split:
     return _tfds_rows(task, task.test_split), f"{task.tfds_name}[{task.test_split}]"
   if task.test_file:
-    return _file_rows(task.test_file), task.test_file
+    return _file_rows(task.test_file, task, labelled=False), task.test_file
   return None
 
 
