@@ -76,7 +76,12 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(
-      text_files="",  # glob(s) of local text, comma-separated; blank line or new file = new document
+      # Comma-separated: globs of plain text (a blank line or a new file starts a document) and of task files
+      # (.jsonl/.json/.csv/.tsv: their text_field, and text_b_field if set, columns), task:NAME (a built-in
+      # fine-tuning task's training rows, never its eval rows), corpus:sotu (the embedded corpus).
+      text_files="",
+      text_field="text",
+      text_b_field="",
       tfds_name="",  # a TFDS text dataset, e.g. "wikipedia/20230601.en" (prepared under data_dir or gs://)
       tfds_text_key="text",
       tfds_split="train",  # the split of tfds_name to read

@@ -37,8 +37,8 @@ def tokenizer_path(config) -> str:
   data = config.data
   if data.tokenizer:
     return data.tokenizer
-  keys = ("text_files", "tfds_name", "tfds_split", "tfds_text_key", "max_documents", "split_sentences",
-          "tokenizer_sentences")
+  keys = ("text_files", "text_field", "text_b_field", "tfds_name", "tfds_split", "tfds_text_key", "max_documents",
+          "split_sentences", "tokenizer_sentences")
   spec = hashlib.sha256(repr([(k, data[k]) for k in keys]).encode()).hexdigest()[:12]
   return os.fspath(epath.Path(data.data_dir) / "tokenizer" / f"spm{data.vocab_size}_{spec}.model")
 

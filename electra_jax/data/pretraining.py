@@ -34,8 +34,8 @@ class PretrainingConfig(tfds.core.BuilderConfig):
 
 def config_name(data) -> str:
   """The dataset's config name for a config's `data` section; computable without reading the corpus."""
-  keys = ("text_files", "tfds_name", "tfds_split", "tfds_text_key", "max_documents", "split_sentences", "tokenizer",
-          "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction", "seed")
+  keys = ("text_files", "text_field", "text_b_field", "tfds_name", "tfds_split", "tfds_text_key", "max_documents",
+          "split_sentences", "tokenizer", "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction", "seed")
   spec = repr([FORMAT_VERSION] + [(k, data[k]) for k in keys])
   return f"seq{data.seq_len}_{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 

