@@ -7,7 +7,9 @@ token type, LayerNorm: ELECTRA's "shared" mode; the generator's output layer is 
 electra_jax.modeling.ModelConfig.from_config; ELECTRA masking (15% of non-special tokens, 85% of them [MASK]), Gumbel
 sampling, λ = disc_weight, AdamW with weight decay masked off LayerNorm and biases, global-norm clipping, dropout on.
 HF's generator head runs at every position (as ElectraForMaskedLM does); --gather_head runs it at the masked
-positions only, as ours does. Synthetic batches come from electra_jax.bench. The last line of output is JSON.
+positions only, as ours does. Synthetic batches come from electra_jax.bench. It runs on the GPU when torch sees one
+(else on the CPU, all cores), under bfloat16 autocast when the config's model.dtype is bfloat16 (parameters and
+optimiser state stay float32, as ours). The last line of output is JSON.
 """
 import json
 import os
@@ -24,6 +26,8 @@ from electra_jax.special_ids import SpecialIds
 
 FLAGS = flags.FLAGS
 _COMPILE = flags.DEFINE_bool("compile", False, "torch.compile the loss (forward and, through AOTAutograd, backward).")
+_COMPILE_BACKEND = flags.DEFINE_string("compile_backend", "inductor", "torch.compile's backend with --compile "
+                                       "(aot_eager traces without generating code: a quick check of the path).")
 _GATHER_HEAD = flags.DEFINE_bool("gather_head", False, "Generator head at the masked positions only.")
 
 
@@ -56,10 +60,11 @@ class Peer(torch.nn.Module):
     candidate = (ids != s.pad) & (ids != s.cls) & (ids != s.sep)
     n = candidate.sum(1)
     chosen = torch.where(n > 0, torch.clamp(torch.round(n * self.mask_prob), 1, p), 0)
-    positions = torch.where(candidate, torch.rand(ids.shape), -1.0).topk(p, dim=1).indices
-    weights = torch.arange(p)[None, :] < chosen[:, None]
+    positions = torch.where(candidate, torch.rand(ids.shape, device=ids.device), -1.0).topk(p, dim=1).indices
+    weights = torch.arange(p, device=ids.device)[None, :] < chosen[:, None]
     targets = ids.gather(1, positions)
-    values = torch.where(weights & (torch.rand(positions.shape) < objectives.MASK_TOKEN_FRACTION), s.mask, targets)
+    replace = torch.rand(positions.shape, device=ids.device) < objectives.MASK_TOKEN_FRACTION
+    values = torch.where(weights & replace, s.mask, targets)
     return ids.scatter(1, positions, values), positions, targets, weights
 
   def forward(self, ids, seg):
@@ -76,8 +81,8 @@ class Peer(torch.nn.Module):
     mlm = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
     mlm = (mlm * weights.flatten()).sum() / weights.sum()
     with torch.no_grad():
-      u = torch.rand_like(logits).clamp_(1e-20, 1.0)
-      sampled = (logits / self.temperature - torch.log(-torch.log(u))).argmax(-1)
+      u = torch.rand(logits.shape, device=logits.device).clamp_(1e-20, 1.0)  # float32 noise under autocast too
+      sampled = (logits.float() / self.temperature - torch.log(-torch.log(u))).argmax(-1)
       corrupted = ids.scatter(1, positions, torch.where(weights, sampled, targets))
     labels = (corrupted != ids).float()
     d_logits = self.discriminator(corrupted, attention_mask=attention, token_type_ids=seg).logits
@@ -104,38 +109,50 @@ def main(argv):
   torch.set_num_threads(os.cpu_count())
   torch.manual_seed(0)
   config = FLAGS.config
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
   special = SpecialIds()
-  model = Peer(config, special, _GATHER_HEAD.value).train()  # dropout on
+  model = Peer(config, special, _GATHER_HEAD.value).to(device).train()  # dropout on
   opt = optimizer(model, config.train)
-  loss_fn = torch.compile(model) if _COMPILE.value else model
+  loss_fn = torch.compile(model, backend=_COMPILE_BACKEND.value) if _COMPILE.value else model
+  autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.model.dtype == "bfloat16")
   rng = np.random.default_rng(0)
-  batches = [{k: torch.from_numpy(v).long() for k, v in bench.synthetic_batch(
+  batches = [{k: torch.from_numpy(v).long().to(device) for k, v in bench.synthetic_batch(
       rng, config.train.batch_size, config.data.seq_len, config.data.vocab_size, special).items()}
              for _ in range(bench.NUM_BATCHES)]
 
   def step(batch):
     opt.zero_grad(set_to_none=True)
-    loss = loss_fn(batch["input_ids"], batch["segment_ids"])
+    with autocast:  # the forward pass only; backward runs each op in the dtype its forward chose
+      loss = loss_fn(batch["input_ids"], batch["segment_ids"])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_norm)
     opt.step()
     return loss
 
+  sync = torch.cuda.synchronize if cuda else lambda: None  # GPU work is asynchronous: time it to the end
   t0 = time.perf_counter()
   for i in range(FLAGS.warmup):
     loss = step(batches[i % len(batches)])
+  sync()
   warmup_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   for i in range(FLAGS.steps):
     loss = step(batches[i % len(batches)])
+  sync()
   seconds = time.perf_counter() - t0
   tokens = FLAGS.steps * config.train.batch_size * config.data.seq_len
   name = bench.config_name()
-  result = dict(config=name, peer="torch.compile" if _COMPILE.value else "eager", gather_head=_GATHER_HEAD.value,
-                device="cpu", threads=torch.get_num_threads(), batch=config.train.batch_size,
-                seq_len=config.data.seq_len, step_time_s=seconds / FLAGS.steps, tokens_per_sec=tokens / seconds,
-                warmup_s=warmup_s, loss=loss.item(), steps=FLAGS.steps, torch=torch.__version__,
-                transformers=transformers.__version__)
+  result = dict(config=name, peer="torch.compile" if _COMPILE.value else "eager",
+                compile_backend=_COMPILE_BACKEND.value if _COMPILE.value else None, gather_head=_GATHER_HEAD.value,
+                device=torch.cuda.get_device_name() if cuda else "cpu", threads=torch.get_num_threads(),
+                batch=config.train.batch_size, seq_len=config.data.seq_len, dtype=config.model.dtype,
+                attention_dropout_rate=config.model.attention_dropout_rate,
+                attn_implementation=model.discriminator.config._attn_implementation,  # pylint: disable=protected-access
+                step_time_s=seconds / FLAGS.steps, tokens_per_sec=tokens / seconds, warmup_s=warmup_s,
+                loss=loss.item(), steps=FLAGS.steps, torch=torch.__version__, transformers=transformers.__version__)
+  if cuda:
+    result["device_peak_bytes_in_use"] = torch.cuda.max_memory_allocated()
   print(f"peer {result['peer']} {name}: batch {result['batch']} x {result['seq_len']}  step "
         f"{result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s")
   print(json.dumps(result))

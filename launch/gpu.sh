@@ -26,6 +26,9 @@ Flags (environment variable in brackets):
                          address of node 0, reachable from every node [ELECTRA_COORDINATOR]
   -n, --dry-run          print the command instead of running it
   -h, --help             show this help
+
+XLA flags are kept only if the installed jaxlib accepts them (XLA aborts on flags it does not know): ELECTRA_PYTHON
+is the Python asked [default: the python beside electra-pretrain, else python3].
 EOF
 }
 
@@ -50,28 +53,61 @@ done
 [[ -z $GPUS || $GPUS =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--gpus takes GPU indices like 0,1,2,3, not $GPUS"
 [[ $NUM_NODES =~ ^[1-9][0-9]*$ ]] || die "--num-nodes must be a positive whole number, not $NUM_NODES"
 
-# JAX preallocates 75% of each GPU; the trainer is alone on them, so 90% leaves room for larger batches while keeping
-# headroom for cuDNN/NCCL workspaces, which live outside JAX's pool. A value already in the environment wins.
-envs=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}")
-# The latency-hiding scheduler overlaps the data/fsdp collectives (gradient reduce, parameter gather) with compute.
-# Flags already in XLA_FLAGS come after, so they win. XLA aborts on flags it does not know: check before adding more.
-envs+=("XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true${XLA_FLAGS:+ $XLA_FLAGS}")
-[[ -z $GPUS ]] || envs+=("CUDA_VISIBLE_DEVICES=$GPUS")
 if ((NUM_NODES > 1)); then
   if ! [[ $NODE_RANK =~ ^[0-9]+$ ]] || ((NODE_RANK >= NUM_NODES)); then
     die "--node-rank must be this node's rank, 0..$((NUM_NODES - 1)), not '$NODE_RANK'"
   fi
   [[ $COORDINATOR =~ ^[^:]+:[0-9]+$ ]] || die "--coordinator must be HOST:PORT of node 0, not '$COORDINATOR'"
-  # Read by electra-pretrain, which passes them to jax.distributed.initialize().
-  envs+=("JAX_COORDINATOR_ADDRESS=$COORDINATOR" "JAX_NUM_PROCESSES=$NUM_NODES" "JAX_PROCESS_ID=$NODE_RANK")
 elif [[ -n $NODE_RANK || -n $COORDINATOR ]]; then
   die "--node-rank and --coordinator need --num-nodes greater than 1"
+fi
+((DRY_RUN)) || require_command electra-pretrain "install the package first: pip install -e ."
+
+# The Python whose jaxlib runs the trainer: pip puts console scripts beside their interpreter.
+python_for_jax() {
+  local trainer
+  trainer=$(command -v electra-pretrain || true)
+  if [[ -n ${ELECTRA_PYTHON:-} ]]; then
+    echo "$ELECTRA_PYTHON"
+  elif [[ -n $trainer && -x ${trainer%/*}/python ]]; then
+    echo "${trainer%/*}/python"
+  else
+    echo python3
+  fi
+}
+
+# XLA aborts at start-up on a flag it does not know, and flags come and go between releases: a flag is kept only if
+# that jaxlib starts with it (on its CPU backend; about a second).
+xla_accepts() {
+  XLA_FLAGS=$1 JAX_PLATFORMS=cpu "$PYTHON_FOR_JAX" -c 'import jax; jax.devices()' >/dev/null 2>&1
+}
+
+# JAX preallocates 75% of each GPU; the trainer is alone on them, so 90% leaves room for larger batches while keeping
+# headroom for cuDNN/NCCL workspaces, which live outside JAX's pool. A value already in the environment wins.
+envs=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}")
+# The latency-hiding scheduler overlaps the data/fsdp collectives (gradient reduce, parameter gather) with compute;
+# XLA leaves it off by default. Flags already in XLA_FLAGS come after ours, so they win.
+wanted_xla_flags=(--xla_gpu_enable_latency_hiding_scheduler=true)
+PYTHON_FOR_JAX=$(python_for_jax)
+xla_flags=()
+for flag in "${wanted_xla_flags[@]}"; do
+  if xla_accepts "$flag"; then
+    xla_flags+=("$flag")
+  else
+    warn "leaving out XLA flag $flag: the jaxlib of $PYTHON_FOR_JAX does not accept it (or jax does not import there)"
+  fi
+done
+[[ -z ${XLA_FLAGS:-} ]] || xla_flags+=("$XLA_FLAGS")
+((${#xla_flags[@]} == 0)) || envs+=("XLA_FLAGS=${xla_flags[*]}")
+[[ -z $GPUS ]] || envs+=("CUDA_VISIBLE_DEVICES=$GPUS")
+if ((NUM_NODES > 1)); then
+  # Read by electra-pretrain, which passes them to jax.distributed.initialize().
+  envs+=("JAX_COORDINATOR_ADDRESS=$COORDINATOR" "JAX_NUM_PROCESSES=$NUM_NODES" "JAX_PROCESS_ID=$NODE_RANK")
 fi
 
 cmd=(env "${envs[@]}" electra-pretrain --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA[@]}")
 if ((DRY_RUN)); then
   shell_join "${cmd[@]}"
 else
-  require_command electra-pretrain "install the package first: pip install -e ."
   exec "${cmd[@]}"  # exec, so a scheduler's SIGTERM reaches the trainer itself
 fi

@@ -69,6 +69,8 @@ class Launcher:
     self.pretrain_out = tmp_path / "pretrain.json"
     _write_executable(self.bin / "gcloud", FAKE_GCLOUD.format(python=sys.executable, prefix=TPU_VM_PREFIX))
     _write_executable(self.bin / "electra-pretrain", FAKE_PRETRAIN.format(python=sys.executable))
+    # The python beside electra-pretrain, as pip installs them: gpu.sh asks its jaxlib which XLA flags it accepts.
+    _write_executable(self.bin / "python", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     self.env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("ELECTRA_", "JAX_", "XLA_", "CUDA_VISIBLE"))}
     self.env.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", FAKE_GCLOUD_LOG=str(self.log),
@@ -207,7 +209,7 @@ def test_setup_ships_head_to_all_workers_and_installs(launcher):
   assert ssh[:2] == ["ssh", "t"] and "--worker=all" in ssh
   command = _remote_command(ssh)
   assert 'tar -xzf "$HOME/electra_jax.tar.gz"' in command
-  assert '"$HOME/electra_jax[data,gcs]" "jax[tpu]"' in command
+  assert '"$HOME/electra_jax[prepare,gcs]" "jax[tpu]"' in command
 
 
 def test_train_starts_pretraining_on_all_workers(launcher):
@@ -384,7 +386,7 @@ def test_spot_watch_retries_failures_without_recreating_a_healthy_vm(launcher):
 
 def test_gpu_dry_run_one_node(launcher, path_without_gcloud):
   result = launcher.ok(GPU, "--dry-run", "--workdir=/runs/small", "--", "--config.train.batch_size=64",
-                       PATH=path_without_gcloud)
+                       PATH=path_without_gcloud, ELECTRA_PYTHON=sys.executable)
   assert shlex.split(result.stdout) == [
       "env", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.90", "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true",
       "electra-pretrain", "--config=configs/small.py", "--workdir=/runs/small", "--config.train.batch_size=64",
@@ -413,6 +415,40 @@ def test_gpu_runs_pretrain_with_its_environment(launcher):
   assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
   assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"  # the user's setting wins
   assert env["XLA_FLAGS"] == "--xla_gpu_enable_latency_hiding_scheduler=true --xla_dump_to=/tmp/dump"
+
+
+# Records the XLA_FLAGS and JAX_PLATFORMS it was started with; fails (as XLA aborts) on the latency-hiding flag.
+FAKE_OLD_JAX = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_PYTHON_LOG"], "a") as f:
+  f.write(json.dumps([os.environ.get("XLA_FLAGS"), os.environ.get("JAX_PLATFORMS"), sys.argv[1:]]) + "\\n")
+sys.exit(1 if "latency_hiding" in os.environ.get("XLA_FLAGS", "") else 0)
+"""
+
+
+@pytest.mark.parametrize("user_flags, expected", [(None, None), ("--xla_dump_to=/d", "--xla_dump_to=/d")])
+def test_gpu_leaves_out_xla_flags_the_jaxlib_refuses(launcher, user_flags, expected):
+  python = launcher.tmp / "old_python"
+  _write_executable(python, FAKE_OLD_JAX.format(python=sys.executable))
+  env = dict(ELECTRA_PYTHON=str(python), FAKE_PYTHON_LOG=str(launcher.tmp / "python.jsonl"))
+  if user_flags:
+    env["XLA_FLAGS"] = user_flags
+  result = launcher.ok(GPU, "--workdir=/runs/x", **env)
+  assert result.stderr == ("gpu.sh: leaving out XLA flag --xla_gpu_enable_latency_hiding_scheduler=true: the jaxlib "
+                           f"of {python} does not accept it (or jax does not import there)\n")
+  [asked] = [json.loads(l) for l in (launcher.tmp / "python.jsonl").read_text().splitlines()]
+  assert asked[:2] == ["--xla_gpu_enable_latency_hiding_scheduler=true", "cpu"]  # that flag alone, no GPU touched
+  assert json.loads(launcher.pretrain_out.read_text())["env"].get("XLA_FLAGS") == expected
+
+
+def test_jaxlib_refuses_to_start_with_an_unknown_xla_flag():
+  """What gpu.sh's check relies on: an unknown flag fails the start (a known one is shown kept above)."""
+  code = "import jax; jax.devices()"
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+  bad = subprocess.run([sys.executable, "-c", code], env=dict(env, XLA_FLAGS="--xla_no_such_flag=1",
+                                                                   JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=120, check=False)
+  assert bad.returncode != 0 and "xla_no_such_flag" in bad.stderr
 
 
 def test_gpu_one_node_sets_no_distributed_variables(launcher):

