@@ -12,6 +12,7 @@ the checksums: a corrupt or unreadable checkpoint is passed over for the newest 
 
 weights.py reads both kinds to start export and fine-tuning; workdir.py keeps a workdir one run's.
 """
+import contextlib
 import json
 import os
 import re
@@ -48,25 +49,33 @@ class Checkpointer:
   """Saves every train.checkpoint_every steps (asynchronously), keeps the last train.keep_checkpoints; every process
   must call save and close (Orbax coordinates the hosts)."""
 
-  def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None):
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None,
+               read_only: bool = False):
+    """read_only: a reader's (export, init_from), which may read a live run's workdir: it deletes nothing, not even
+    the unfinished <step>.orbax-checkpoint-tmp* that the run is writing (only the lock holder cleans those)."""
     self.config = config
     self.directory = os.path.join(storage.absolute(workdir), "checkpoints")
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
     self._tokenizer = workdir_lib.fingerprint(tokenizer_path) if tokenizer_path else None
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=config.train.keep_checkpoints, enable_async_checkpointing=True, cleanup_tmp_directories=True,
-            create=False,  # the first save creates the directory: a run that fails its checks writes nothing
-            # Every checkpoint_every steps and at a preemption; not Orbax's default extra save at a run's first step.
-            save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
-                ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
-                ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])),
-        item_handlers=dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
-                           rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
-                           checksums=ocp.JsonCheckpointHandler()))
+    if read_only:  # every option Orbax would otherwise turn off with a warning each
+      options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
+                                             lightweight_initialize=True)
+    else:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=config.train.keep_checkpoints, enable_async_checkpointing=True, cleanup_tmp_directories=True,
+          create=False,  # the first save creates the directory: a run that fails its checks writes nothing
+          # Every checkpoint_every steps and at a preemption; not Orbax's default extra save at a run's first step.
+          save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
+              ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
+              ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]))
+    with _without_read_only_notice():
+      self._manager = ocp.CheckpointManager(
+          self.directory, options=options,
+          item_handlers=dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
+                             rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
+                             checksums=ocp.JsonCheckpointHandler()))
 
   def latest_step(self):
     return self._manager.latest_step()
@@ -100,19 +109,26 @@ class Checkpointer:
     this run's model or tokenizer."""
     if step is not None:
       return self._restore(abstract_state, step)
-    corrupt = []
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      try:
-        restored = self._restore(abstract_state, step)
-      except CorruptCheckpointError as e:
-        corrupt.append(e)
-        continue
-      for e in corrupt:
-        kept = self._set_aside(e.step) if set_aside_corrupt else "it is kept"
-        logging.warning("%s: using step %d instead, the newest intact checkpoint (%s)", e, step, kept)
-      if set_aside_corrupt and corrupt:
-        self._manager.reload()
-      return restored
+    for _ in range(5):  # a live run (read by export or init_from) may delete a step while it is read: look again
+      corrupt, vanished = [], False
+      for step in sorted(self._manager.all_steps(), reverse=True):
+        try:
+          restored = self._restore(abstract_state, step)
+        except CorruptCheckpointError as e:
+          if (epath.Path(self.directory) / str(step)).exists():
+            corrupt.append(e)
+          else:
+            vanished = True
+          continue
+        for e in corrupt:
+          kept = self._set_aside(e.step) if set_aside_corrupt else "it is kept"
+          logging.warning("%s: using step %d instead, the newest intact checkpoint (%s)", e, step, kept)
+        if set_aside_corrupt and corrupt:
+          self._manager.reload()
+        return restored
+      if not vanished:
+        break
+      self._manager.reload()
     raise ValueError(f"no intact checkpoint under {self.directory}: {'; '.join(map(str, corrupt))}. Move them "
                      "aside to start afresh, or use a new --workdir")
 
@@ -228,6 +244,17 @@ def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0
       except OSError:  # changed while deleting it: the next round finishes it
         pass
     time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _without_read_only_notice():
+  """Orbax warns "Given directory is read only" whenever a read-only manager is made: what a reader is meant to be."""
+  drop = lambda record: "Given directory is read only" not in record.getMessage()
+  logging.get_absl_logger().addFilter(drop)
+  try:
+    yield
+  finally:
+    logging.get_absl_logger().removeFilter(drop)
 
 
 def _first_line(e: BaseException) -> str:

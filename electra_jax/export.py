@@ -9,7 +9,9 @@ writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel), OUT/gene
 AutoTokenizer, same ids and token_type_ids as our pipeline) plus our own tokenizer file (sentencepiece.model or
 vocab.txt) so that `import_hf` and electra-finetune tokenize with our code. OUT may be local or gs://, and is either
 complete or absent: everything is written into a temporary directory and put in place at the end (locally renamed;
-on gs://, uploaded with config.json, which readers look for first, last).
+on gs://, uploaded with config.json, which readers look for first, last). The workdir may be a live run's: export
+deletes nothing there. OUT may not be, contain or lie inside what it reads (the workdir's config.json and
+checkpoints/, the tokenizer): refused in one line, --overwrite or not.
 
 Import goes the other way (electra_jax.hf.directory.import_hf): electra-finetune and train.init_from accept an HF
 ELECTRA directory, ours or a released google/electra-* model saved locally with its WordPiece vocab.txt.

@@ -14,13 +14,18 @@ called by every entry point before any file is touched, points each library on t
 import contextlib
 import glob as glob_lib
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 import uuid
+from typing import Iterable
 
 from etils import epath
 
 _CHUNK = 16 << 20
+LEFTOVER_AGE_S = 24 * 3600  # a temporary of another host (or an unnamed owner) untouched this long is abandoned
 
 
 def initialize():
@@ -71,9 +76,14 @@ def write(path, data: bytes | str):
     path.write_bytes(data)
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-  tmp.write_bytes(data)
-  tmp.replace(path)
+  remove_leftovers(path)
+  tmp = epath.Path(temp_path(path))
+  try:
+    tmp.write_bytes(data)
+    tmp.replace(path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)  # e.g. disk full: no partial temporary stays behind
+    raise
 
 
 def copy_file(src, dst):
@@ -110,6 +120,24 @@ def refuse_existing(path, overwrite: bool, how: str = "pass --overwrite to repla
     raise FileExistsError(f"{path} exists; {how}")
 
 
+def _canonical(path) -> str:
+  path = os.fspath(path)
+  return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
+
+
+def refuse_overlap(output, inputs: Iterable[tuple[str, str]], name: str = "output"):
+  """Raises a one-line ValueError when `output` is, contains or is inside one of `inputs` ((path, what it is), the
+  paths the command reads): writing or replacing it would change, or delete, what it reads."""
+  out = _canonical(output)
+  for path, what in inputs:
+    p = _canonical(path)
+    relation = ("is" if out == p else "contains" if p.startswith(out + "/") else
+                "is inside" if out.startswith(p + "/") else None)
+    if relation:
+      raise ValueError(f"{name} {output} {relation} {path} ({what}), which this command reads: {name} must lie "
+                       "apart from what it reads")
+
+
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
   """Yields a new local directory to write `out`'s files into; when the block ends without error they replace
@@ -118,12 +146,12 @@ def staged_dir(out: str, last: str):
   first) last, so a reader sees either the whole directory or none of it."""
   remote = is_remote(out)
   out = absolute(out)
-  if remote:
-    tmp = tempfile.mkdtemp(prefix="electra_jax-")
-  else:
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{uuid.uuid4().hex}.tmp")
-    os.makedirs(tmp)
+  # Beside `out` (locally), else in the local temp dir; a killed writer's leftovers go when `out` is next written.
+  beside = os.path.join(tempfile.gettempdir(), "electra_jax-staged") if remote else out
+  os.makedirs(os.path.dirname(beside), exist_ok=True)
+  remove_leftovers(beside)
+  tmp = temp_path(beside)
+  os.makedirs(tmp)
   try:
     yield tmp
     if remote:
@@ -156,7 +184,9 @@ def local_dir(directory: str, key_file: str) -> str:
   cached = os.path.join(local, key_file)
   if os.path.exists(cached) and epath.Path(cached).read_bytes() == key:
     return local
-  tmp = f"{local}.{uuid.uuid4().hex}.tmp"
+  os.makedirs(os.path.dirname(local), exist_ok=True)
+  remove_leftovers(local)
+  tmp = temp_path(local)
   try:
     copy_tree(directory, tmp, last=key_file)
     if os.path.exists(local):
@@ -169,3 +199,62 @@ def local_dir(directory: str, key_file: str) -> str:
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
   return local
+
+
+# --- Temporaries that name their writer ------------------------------------------------------------------------------
+
+def this_host() -> str:
+  """This machine, and its pid namespace where there is one: containers sharing a hostname (--network=host) see
+  other pids."""
+  try:
+    namespace = re.sub(r"\D", "", os.readlink("/proc/self/ns/pid"))  # "pid:[4026531836]"
+  except OSError:
+    return socket.gethostname()
+  return f"{socket.gethostname()}~{namespace}"
+
+
+def process_gone(host: str, pid: int) -> bool:
+  """Whether `pid` of `host` (this_host's form) has surely ended: only a process of this host can be looked at."""
+  if host != this_host() or pid <= 0:
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:  # another user's: it runs
+    return False
+  try:  # killed but not yet reaped by its parent: gone all the same
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+  except (OSError, IndexError):
+    return False
+
+
+def temp_path(path) -> str:
+  """A new temporary name beside local `path`, naming its writer (.<name>.<host>-<pid>-<uuid>.tmp) so that the next
+  writer of `path` can tell a dead writer's leftover from a live one's (remove_leftovers)."""
+  directory, name = os.path.split(os.fspath(path))
+  return os.path.join(directory, f".{name}.{this_host()}-{os.getpid()}-{uuid.uuid4().hex}.tmp")
+
+
+def remove_leftovers(path):
+  """Deletes temp_path(path)'s (and staged_dir's <tmp>.old) of writers that are gone: of this host when their
+  process has ended, else (another host's, or an older version's unnamed ones) once untouched for LEFTOVER_AGE_S."""
+  directory, name = os.path.split(os.fspath(path))
+  try:
+    entries = os.listdir(directory or ".")
+  except OSError:
+    return
+  for entry in entries:
+    m = re.fullmatch(rf"\.{re.escape(name)}\.(.+)\.tmp(\.old)?", entry)
+    if not m:
+      continue
+    full = os.path.join(directory, entry)
+    owner = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]{32}", m[1])
+    try:
+      abandoned = (owner and process_gone(owner[1], int(owner[2]))) or (
+          time.time() - os.lstat(full).st_mtime > LEFTOVER_AGE_S)
+      if abandoned:
+        shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
+    except OSError:  # gone meanwhile, or not ours to delete
+      pass

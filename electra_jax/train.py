@@ -17,15 +17,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> TrainState:
   """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/), resuming from the
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
-  or gradient (never saving it). Bad input raises ValueError/OSError before anything is written."""
+  or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
+  lock (workdir.Lock) throughout: a second writer there is refused."""
   _check_loop_config(config.train)
   workdir_lib.check_workdir(workdir, config, allow_config_change)
+  with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
+    return _train(config, workdir, lock)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock) -> TrainState:
   # TensorFlow lives only in the data code; import it here so the model and step never need it.
   from electra_jax import prepare  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
   prepared = prepare.load(config)
+  workdir_lib.check_tokenizer(prepared.dataset_dir, prepared.tokenizer_path)
   exp = experiment.create(config, prepared.special_ids)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
   state, data_state, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
@@ -72,6 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           last_step, last_time = step, time.time()
         if stop or step == num_steps or ckpt.should_save(step):
           _check_finite(step, step_metrics, ckpt)  # never save a NaN state
+          lock.check()  # nor over another writer's checkpoints
           ckpt.save(step, state, train_iter.get_state(), force=True, rng=rng)
         if stop:
           logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",

@@ -39,6 +39,17 @@ def kind(source: str) -> str:
                           "(no config.json)")
 
 
+def inputs(source: str) -> list[tuple[str, str]]:
+  """(path, what it is) of everything `load(source)` reads, for storage.refuse_overlap: a workdir's config.json,
+  checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory."""
+  what = kind(source)
+  if what == "hf":
+    return [(source, "the HF directory to load")]
+  paths = [(source, f"the {what} to load")] if what == "params" else [
+      (os.path.join(source, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
+  return paths + [(prepare.tokenizer_path(workdir_lib.load_config(source)), "its tokenizer")]
+
+
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
   """The weights in `source` (a workdir's checkpoint at `step`, default the latest intact one), on this host's devices
   (HF weights: host arrays). `generator`: an HF generator directory stored apart from an HF discriminator (Google's
@@ -58,7 +69,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
     return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), target.params), tokenizer)
   if not checkpoints.has_checkpoint(source):
     raise FileNotFoundError(f"{source} has no checkpoint under {source}/checkpoints")
-  ckpt = checkpoints.Checkpointer(source, config)
+  ckpt = checkpoints.Checkpointer(source, config, read_only=True)  # `source` may be a live run's workdir
   try:
     return Weights(config, ckpt.restore(target, step).state.params, tokenizer)
   finally:
@@ -87,6 +98,7 @@ def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokeni
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
   """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
   params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
+  storage.refuse_overlap(out_dir, inputs(workdir), "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
   loaded = load(workdir, step)
   with storage.staged_dir(out_dir, last="config.json") as tmp:  # kind() looks for config.json first
@@ -97,7 +109,8 @@ def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite
 
 def export_hf(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
   """A workdir's checkpoint (`step`, default: the latest) as an HF ELECTRA directory at `output`."""
-  storage.refuse_existing(output, overwrite)  # before the (slow) restore
+  storage.refuse_overlap(output, inputs(workdir), "--output")  # before the (slow) restore
+  storage.refuse_existing(output, overwrite)
   loaded = load(workdir, step)
   hf_directory.export(loaded.config, loaded.params, output, overwrite=overwrite, tokenizer_path=loaded.tokenizer)
 

@@ -1,13 +1,21 @@
 """A pre-training workdir's own files and checks: config.json (written, read, compared when a run resumes) and the
 fingerprints that tie a checkpoint to its tokenizer. Paths may be local or gs:// (storage.py)."""
+import contextlib
 import hashlib
 import json
 import os
+import socket
+import threading
+import time
+import uuid
+from typing import NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 from electra_jax import storage
 
@@ -75,3 +83,262 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.loads(path.read_text()))
   except ValueError as e:
     raise ValueError(f"{path} is not a valid config ({e})") from e
+
+
+def check_tokenizer(dataset_dir: str, tokenizer_path: str):
+  """The tokenizer beside the prepared data is the one electra-prepare tokenized it with (the SHA-256 it recorded in
+  metadata.json): another one would train on ids that mean other pieces, and be exported with the model."""
+  meta = json.loads((epath.Path(dataset_dir) / "metadata.json").read_text())
+  recorded = meta.get("identity", {}).get("tokenizer_sha256")
+  if recorded and recorded != fingerprint(tokenizer_path):
+    raise ValueError(f"tokenizer {tokenizer_path} is not the one the data at {dataset_dir} was prepared with (its "
+                     f"SHA-256 differs from the one recorded in metadata.json): put that tokenizer back, or run "
+                     "electra-prepare again to re-tokenize the data with this one")
+
+
+# --- One writer per workdir ------------------------------------------------------------------------------------------
+
+LOCK_FILE = ".lock"
+HEARTBEAT_S = 30  # how often the holder refreshes its lock
+STALE_S = 300  # a lock not refreshed for this long is taken over (10 missed heartbeats; clocks must agree within it)
+
+
+class Lock:
+  """<workdir>/.lock: keeps a workdir to one writer (electra-pretrain, electra-finetune) while readers (export,
+  init_from) read on. It is a JSON record of its holder (command, host, pid, since, heartbeat, token), created only
+  where none exists (locally O_CREAT|O_EXCL; on gs:// an upload with if_generation_match=0) and refreshed every
+  HEARTBEAT_S by a thread. Another writer is refused in one line naming the holder. A holder that is gone (kill -9,
+  a lost VM) leaves its lock, which the next writer takes over: at once on the same host and pid namespace when its
+  pid has ended; from anywhere once its heartbeat is STALE_S old. Deleted when the holder exits, normally or not.
+  Only process 0 takes it; every process learns whether it got it. A holder whose lock was taken over (it missed
+  heartbeats for STALE_S) is told at its next `check()`, before it saves."""
+
+  def __init__(self, workdir: str, command: str):
+    self.workdir = workdir
+    self.path = os.path.join(storage.absolute(workdir), LOCK_FILE)
+    self._file = None if jax.process_index() else _GcsFile(self.path) if storage.is_remote(self.path) else (
+        _LocalFile(self.path))
+    self.record = dict(command=command, host=socket.gethostname(), host_id=storage.this_host(), pid=os.getpid(),
+                       since=time.strftime("%Y-%m-%d %H:%M:%S %Z"), heartbeat=time.time(), token=uuid.uuid4().hex)
+    self.lost = None  # the one-line reason, once the lock was taken over
+    self._version = None  # what our lock is now (local: inode and mtime; gs://: generation)
+    self._created = None  # the topmost directory this lock created (removed again on release when empty)
+    self._stop = threading.Event()
+    self._thread = None
+
+  def __enter__(self):
+    ok, error = True, None
+    if jax.process_index() == 0:
+      try:
+        self._acquire()
+      except (OSError, ValueError) as e:
+        ok, error = False, e
+    if jax.process_count() > 1:  # the other processes stop too, rather than wait for process 0 in a collective
+      ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+    if error is not None:
+      raise error
+    if not ok:
+      raise OSError(f"workdir {self.workdir} is in use by another run (process 0 says which)")
+    return self
+
+  def __exit__(self, *exc):
+    if self._version is None:
+      return
+    self._stop.set()
+    self._thread.join()
+    try:
+      if self.lost is None:
+        self._file.delete(self._version)
+    except Exception as e:  # pylint: disable=broad-except  (never hide the run's own error)
+      logging.warning("Could not delete the workdir lock %s: %s", self.path, e)
+    self._version = None
+    if self._created:  # a run that wrote nothing else leaves no directory behind
+      directory = os.path.dirname(self.path)
+      while os.path.commonpath([directory, self._created]) == self._created:
+        try:
+          os.rmdir(directory)
+        except OSError:
+          break
+        directory = os.path.dirname(directory)
+
+  def check(self):
+    """Raises OSError on every process once the lock was taken over: this run must not write on."""
+    lost = self.lost
+    if jax.process_count() > 1:
+      lost = bool(multihost_utils.broadcast_one_to_all(np.int32(bool(lost)))) and (lost or "process 0 lost it")
+    if lost:
+      raise OSError(f"stopped without saving: the lock on workdir {self.workdir} was taken over ({lost})")
+
+  def _acquire(self):
+    if not storage.is_remote(self.path):
+      directory = os.path.dirname(self.path)
+      while not os.path.exists(directory):
+        self._created, directory = directory, os.path.dirname(directory)
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    for _ in range(20):  # each round loses only to another writer's create or takeover in between
+      self._version = self._file.create(self._data())
+      if self._version is not None:
+        break
+      holder, version = self._file.read()
+      if version is None:  # released meanwhile
+        continue
+      stale = _stale(holder, version)
+      if stale is None:
+        raise OSError(f"workdir {self.workdir} is in use by {_who(holder)}: wait for it to end or stop it; a lock "
+                      f"whose holder has gone is taken over (on its host at once, from another host {STALE_S} s "
+                      f"after its last heartbeat; lock file {self.path})")
+      logging.warning("Taking over the lock on %s: %s", self.workdir, stale)
+      self._file.delete(version)  # only if unchanged: a race with another taker is decided by the create
+    else:
+      raise OSError(f"could not lock workdir {self.workdir}: its lock {self.path} kept changing")
+    self._thread = threading.Thread(target=self._beat, name="workdir-lock", daemon=True)
+    self._thread.start()
+
+  def _data(self) -> bytes:
+    self.record["heartbeat"] = time.time()
+    return json.dumps(self.record).encode()
+
+  def _beat(self):
+    while not self._stop.wait(HEARTBEAT_S):
+      try:
+        version = self._file.replace(self._data(), self._version)
+      except Exception as e:  # pylint: disable=broad-except  (a network blip: the next beat tries again)
+        logging.warning("Could not refresh the workdir lock %s: %s", self.path, e)
+        continue
+      if version is None:
+        holder, _ = self._file.read()
+        self.lost = f"now held by {_who(holder)}" if holder else "its lock file was deleted"
+        logging.error("Lost the lock on workdir %s: %s", self.workdir, self.lost)
+        return
+      self._version = version
+
+
+def _who(holder: dict | None) -> str:
+  if not holder:
+    return "another run (its lock is being written)"
+  age = time.time() - holder.get("heartbeat", 0)
+  return (f"{holder.get('command', 'another run')} (pid {holder.get('pid')} on host {holder.get('host')}, since "
+          f"{holder.get('since')}, last heartbeat {age:.0f} s ago)")
+
+
+def _stale(holder: dict | None, version) -> str | None:
+  """Why a lock's holder is surely gone, or None. An unreadable record (being written) counts from its mtime."""
+  heartbeat = holder.get("heartbeat", 0) if holder else version.mtime
+  if holder and storage.process_gone(holder.get("host_id", ""), int(holder.get("pid", -1))):
+    return f"{_who(holder)} has ended"
+  if time.time() - heartbeat > STALE_S:
+    return f"{_who(holder)} missed its heartbeats for more than {STALE_S} s"
+  return None
+
+
+class Version(NamedTuple):
+  """Which lock file a store holds now: locally (inode, mtime in ns), on gs:// the object's generation."""
+  key: object
+  mtime: float  # seconds: how old an unreadable record is
+
+
+def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
+  """(the holder's record, or None while it is being written, version)."""
+  try:
+    return json.loads(data), version
+  except ValueError:
+    return None, version
+
+
+class _LocalFile:
+  """The lock file on a local (or network) file system: creation is O_CREAT|O_EXCL; a replacement is written beside
+  it and renamed over it; a deletion renames it away first and puts it back if it was not the one meant (another
+  writer took it over in between)."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def _version(self, st: os.stat_result) -> Version:
+    return Version((st.st_ino, st.st_mtime_ns), st.st_mtime)
+
+  def _write(self, f, data: bytes) -> Version:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+    return self._version(os.fstat(f.fileno()))
+
+  def read(self) -> tuple[dict | None, Version | None]:
+    try:
+      with open(self.path, "rb") as f:
+        return _parse(f.read(), self._version(os.fstat(f.fileno())))
+    except FileNotFoundError:
+      return None, None
+
+  def create(self, data: bytes) -> Version | None:
+    storage.remove_leftovers(self.path)  # replace()'s temporaries of a killed holder
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return None
+    with os.fdopen(fd, "wb") as f:
+      return self._write(f, data)
+
+  def replace(self, data: bytes, version: Version) -> Version | None:
+    if self.read()[1] != version:
+      return None
+    tmp = storage.temp_path(self.path)
+    try:
+      with open(tmp, "wb") as f:
+        new = self._write(f, data)
+      os.replace(tmp, self.path)
+    except BaseException:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+      raise
+    return new
+
+  def delete(self, version: Version):
+    moved = storage.temp_path(self.path)
+    try:
+      os.rename(self.path, moved)
+    except FileNotFoundError:
+      return
+    if self._version(os.stat(moved)) != version:  # another writer's: back in place, unless a third took the name
+      with contextlib.suppress(FileExistsError):
+        os.link(moved, self.path)
+    os.unlink(moved)
+
+
+class _GcsFile:
+  """The lock object on gs://: every change is conditional on the generation it replaces (0: none), so Cloud
+  Storage decides every race."""
+
+  def __init__(self, path: str):
+    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    bucket, self.name = path[len("gs://"):].split("/", 1)
+    self.bucket = gcs.Client().bucket(bucket)  # STORAGE_EMULATOR_HOST (storage.initialize) points it at an emulator
+    self.lost_races = (exceptions.PreconditionFailed, exceptions.NotFound)
+
+  def read(self) -> tuple[dict | None, Version | None]:
+    try:
+      blob = self.bucket.get_blob(self.name)
+      if blob is None:
+        return None, None
+      data = blob.download_as_bytes(if_generation_match=blob.generation)
+    except self.lost_races:
+      return None, None
+    return _parse(data, Version(blob.generation, blob.updated.timestamp()))
+
+  def _upload(self, data: bytes, generation: int) -> Version | None:
+    blob = self.bucket.blob(self.name)
+    try:
+      blob.upload_from_string(data, content_type="application/json", if_generation_match=generation)
+    except self.lost_races:
+      return None
+    return Version(blob.generation, blob.updated.timestamp())
+
+  def create(self, data: bytes) -> Version | None:
+    return self._upload(data, 0)
+
+  def replace(self, data: bytes, version: Version) -> Version | None:
+    return self._upload(data, version.key)
+
+  def delete(self, version: Version):
+    with contextlib.suppress(*self.lost_races):
+      self.bucket.blob(self.name).delete(if_generation_match=version.key)

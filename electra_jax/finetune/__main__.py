@@ -18,7 +18,9 @@ metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics)
 train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
 model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification directory with its
 tokenizer), predictions_eval.jsonl and predictions_test.jsonl (that model's predictions), and eval_results.json last,
-once the run is complete. A workdir holding a run of another config is refused unless --config.overwrite=true.
+once the run is complete. A workdir holding a run of another config is refused unless --config.overwrite=true; one
+that another run is writing, or that is, holds or lies inside what this run reads (init_from's checkpoints, the
+tokenizer, the task files), is refused in any case.
 init_from, the task files and the workdir may be gs://.
 """
 import json

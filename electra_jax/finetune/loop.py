@@ -18,7 +18,7 @@ import optax
 from absl import logging
 from etils import epath
 
-from electra_jax import checkpoints, closing, modeling, preemption, sharding, state as state_lib, storage
+from electra_jax import checkpoints, closing, modeling, preemption, sharding, state as state_lib, storage, weights
 from electra_jax import metrics as metrics_lib
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
@@ -70,7 +70,7 @@ def _check_workdir(workdir: str, ft: ml_collections.ConfigDict) -> bool:
   """True when the workdir must be emptied first (it holds another run and ft.overwrite); a run of the same config
   is resumed (log, evaluation and checkpoint cadence and the mesh may change); anything else is refused."""
   path = epath.Path(workdir)
-  if not path.exists() or not any(path.iterdir()):
+  if not path.exists() or not any(p.name != workdir_lib.LOCK_FILE for p in path.iterdir()):
     return False
   what = f"holds files but no {path / 'config.json'}"
   if (path / "config.json").exists():
@@ -107,6 +107,21 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
   one-line ValueError/OSError on bad input before anything is written, FloatingPointError on a NaN/Inf loss."""
   t0 = time.time()
   _check_loop_config(ft)
+  storage.refuse_overlap(workdir, _inputs(ft), "--workdir")
+  with workdir_lib.Lock(workdir, "electra-finetune") as lock:
+    return _finetune(ft, workdir, lock, t0)
+
+
+def _inputs(ft: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """What a run reads, which its workdir (replaced with overwrite) must keep apart from."""
+  task = ft.task
+  paths = weights.inputs(ft.init_from) if ft.init_from else []
+  paths += [(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else []
+  paths += [(task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]]
+  return paths + ([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])
+
+
+def _finetune(ft: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock, t0: float) -> dict | None:
   replace = _check_workdir(workdir, ft)
   src_config, src_params, tokenizer_path = model_lib.load_source(ft)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
@@ -152,7 +167,9 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
   # Every check passed: only now is anything written or deleted.
   if replace:
     logging.warning("Replacing %s (--config.overwrite)", workdir)
-    epath.Path(workdir).rmtree()
+    for p in epath.Path(workdir).iterdir():
+      if p.name != workdir_lib.LOCK_FILE:  # ours, held until the run ends
+        p.rmtree() if p.is_dir() else p.unlink()
   ckpt = checkpoints.Checkpointer(workdir, ft, tokenizer_path)
   if ckpt.latest_step() is None:
     state = sharded.init(jax.random.key(seed))
@@ -235,6 +252,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
           evaluate(step)
         if save_now:
           progress["seconds"] = seconds()
+          lock.check()  # never over another writer's checkpoints
           ckpt.save(step, state, progress, force=True, rng=rng)
         if stop:
           logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
