@@ -14,6 +14,7 @@ import ml_collections
 
 SHARING_MODES = ("shared", "untied", "all", "gdes")
 ATTENTION_IMPLS = ("einsum", "fused")
+DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: the compute dtype (parameters stay float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ModelConfig:
     if config.data.seq_len > m.max_position_embeddings:
       raise ValueError(f"data.seq_len={config.data.seq_len} exceeds the position table "
                        f"(model.max_position_embeddings={m.max_position_embeddings})")
+    if m.dtype not in DTYPES:
+      raise ValueError(f"model.dtype={m.dtype!r}: expected one of {', '.join(DTYPES)}")
     # .get: config.json of workdirs from before the key was added lacks it.
     attention_impl = m.get("attention_impl", "einsum")
     if attention_impl not in ATTENTION_IMPLS:

@@ -382,8 +382,19 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
   return entry.loss(b, stage=stage) if entry.staged else entry.loss(b)
 
 
+def check_masking(config: ml_collections.ConfigDict):
+  """objective.mask_prob must mask something, and not everything (that leaves the generator no context), at seq_len."""
+  p, seq_len = config.objective.mask_prob, config.data.seq_len
+  if not 0 < p < 1:
+    raise ValueError(f"objective.mask_prob={p} must be in (0, 1)")
+  if max_predictions(p, seq_len) < 1:
+    raise ValueError(f"objective.mask_prob={p} masks no token of a data.seq_len={seq_len} sequence (max_predictions "
+                     "is 0): raise objective.mask_prob or data.seq_len")
+
+
 def init_params(model: modeling.Electra, config: ml_collections.ConfigDict, rng: jax.Array):
   """The boxed parameters `config.objective.name` trains, at the config's sequence length."""
+  check_masking(config)  # before the positions' shape is built from it
   seq_len = config.data.seq_len
   ids = jnp.ones((1, seq_len), jnp.int32)
   positions = jnp.zeros((1, max_predictions(config.objective.mask_prob, seq_len)), jnp.int32)

@@ -3,7 +3,9 @@ which the loop then saves.
 
 One process: a handler notes the signal. Several: JAX's preemption service owns SIGTERM and makes every host agree on
 the step to stop at (`multihost_utils.reached_preemption_sync_point`), so all of them save the same step; Ctrl-C is
-routed through it by re-sending SIGTERM to this process. A second Ctrl-C interrupts at once.
+routed through it by re-sending SIGTERM to this process. A second signal while stopping is logged and ignored:
+breaking off the save would lose every step since the last checkpoint (SIGKILL still can; Orbax's temporary directory
+is deleted at the next start).
 """
 import os
 import signal
@@ -19,6 +21,7 @@ class Watcher:
 
   def __init__(self):
     self.signal = None
+    self.stop_step = None  # the step the loop saves and stops at, once it knows
     self._previous = {}
 
   def __enter__(self):
@@ -31,8 +34,11 @@ class Watcher:
 
   def _handle(self, signum, frame):
     del frame
-    if self.signal is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the save
+    if self.signal is not None:  # e.g. a second Ctrl-C: raising here would break the save off with a traceback
+      doing = "finishing the current step to save it" if self.stop_step is None else f"saving step {self.stop_step}"
+      logging.warning("%s received again, ignored: already stopping: %s, then exiting (SIGKILL abandons it; the next "
+                      "run deletes what it left)", signal.Signals(signum).name, doing)
+      return
     self.signal = signal.Signals(signum).name
     logging.warning("%s received: finishing the current step, saving, then exiting", self.signal)
     if jax.process_count() > 1:
@@ -40,8 +46,12 @@ class Watcher:
 
   def reached(self, step: int) -> bool:
     if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self.signal is not None
+      reached = multihost_utils.reached_preemption_sync_point(step)
+    else:
+      reached = self.signal is not None
+    if reached and self.stop_step is None:
+      self.stop_step = step
+    return reached
 
   def __exit__(self, *exc):
     for s, handler in self._previous.items():

@@ -85,7 +85,7 @@ def prepare(config) -> PreparedData:
       raise FileNotFoundError(f"data.tokenizer: no such file: {tok_path}")
     logging.info("Training a %d-piece SentencePiece model on %s", data.vocab_size, corpus.description)
     tokenizer_lib.train_sentencepiece(corpus.lines(), tok_path, data.vocab_size, data.tokenizer_sentences,
-                                      data.num_workers or None)
+                                      data.num_workers or None, source=f"the corpus ({corpus.description})")
   tok = tokenizer_lib.Tokenizer(tok_path)
   tok.check_vocab_size(data.vocab_size)
 
@@ -108,7 +108,8 @@ def prepare(config) -> PreparedData:
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
             identity=identity),
         data_dir=local if remote else data.data_dir)
-    builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record")
+    with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
+      builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record")
     if remote:
       storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   return load(config)

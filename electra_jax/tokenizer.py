@@ -6,6 +6,7 @@ own ids. No TensorFlow here: the model side and the data workers import this mod
 """
 import io
 import os
+import re
 from typing import Iterable
 
 import sentencepiece as spm
@@ -77,28 +78,43 @@ class Tokenizer:
 
 
 def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, max_sentences: int = 1_000_000,
-                        num_threads: int | None = None) -> Tokenizer:
-  """Trains a unigram model on (at most `max_sentences` of) `sentences` and writes it to `path` atomically."""
+                        num_threads: int | None = None, source: str = "the corpus") -> Tokenizer:
+  """Trains a unigram model on (at most `max_sentences` of) `sentences` and writes it to `path` atomically. A vocab_size
+  SentencePiece cannot reach on this text (`source`, for the message) is a ValueError, a failed write an OSError."""
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences),
-      model_writer=model,
-      model_type="unigram",
-      vocab_size=vocab_size,
-      pad_id=0, pad_piece=SPECIAL_TOKENS.pad,
-      unk_id=1, unk_piece=SPECIAL_TOKENS.unk,
-      bos_id=-1, eos_id=-1,
-      control_symbols=[SPECIAL_TOKENS.cls, SPECIAL_TOKENS.sep, SPECIAL_TOKENS.mask],  # ids 2, 3, 4
-      byte_fallback=True,  # no [UNK] for rare characters, so decoding gives the text back
-      input_sentence_size=max_sentences,
-      shuffle_input_sentence=True,
-      num_threads=num_threads or os.cpu_count(),
-      minloglevel=2,
-  )
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        model_type="unigram",
+        vocab_size=vocab_size,
+        pad_id=0, pad_piece=SPECIAL_TOKENS.pad,
+        unk_id=1, unk_piece=SPECIAL_TOKENS.unk,
+        bos_id=-1, eos_id=-1,
+        control_symbols=[SPECIAL_TOKENS.cls, SPECIAL_TOKENS.sep, SPECIAL_TOKENS.mask],  # ids 2, 3, 4
+        byte_fallback=True,  # no [UNK] for rare characters, so decoding gives the text back
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        num_threads=num_threads or os.cpu_count(),
+        minloglevel=2,
+    )
+  except RuntimeError as e:  # SentencePiece's C++ checks; its message, less their source location and condition
+    reason = re.sub(r"^[A-Z_]+: \S+\(\d+\) \[[^\]]*\]\s*", "", str(e)) or str(e)
+    most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", reason)
+    if most:
+      raise ValueError(f"data.vocab_size={vocab_size} is too large for {source}: SentencePiece can make "
+                       f"at most {most[1]} pieces of it; set --config.data.vocab_size={most[1]} or less, or give it "
+                       "more text") from e
+    raise ValueError(f"SentencePiece cannot train a data.vocab_size={vocab_size} tokenizer on {source}: "
+                     f"{reason}") from e
   # SentencePiece sums piece scores in float32, HF tokenizers in float64: where two segmentations tie (e.g. "000" as
   # "0"+"00" or "00"+"0") rounding makes them choose differently. On a 1/64 grid every sum is exact in both.
   proto = sp_model.ModelProto.FromString(model.getvalue())
   for piece in proto.pieces:
     piece.score = round(piece.score * SCORE_GRID) / SCORE_GRID
-  storage.write(path, proto.SerializeToString())  # atomic: a crash never leaves a half-written model behind
+  try:
+    storage.write(path, proto.SerializeToString())  # atomic: its temporary is deleted when the write fails
+  except OSError as e:
+    raise OSError(f"writing the tokenizer {path} failed ({e.strerror or e}): nothing of it was kept; free space or "
+                  "fix the cause, then re-run") from e
   return Tokenizer(path)

@@ -9,6 +9,7 @@ import copy
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from electra_jax import prepare, train
 from tests import pretrain_cli as cli
+from tests.test_checkpoints import _wait
 
 RUN = ("--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=1000")
 # "Disk full": files may not grow past 256 KiB (RLIMIT_FSIZE), less than the tiny checkpoint's data. Python ignores
@@ -85,6 +87,25 @@ def _a_file(setting, name):
   return path
 
 
+def _text(setting, name):
+  """An absent data_dir, and three lines of text beside it (<name>.txt)."""
+  (setting["base"] / f"{name}.txt").write_text("One short line of text here.\nAnother short line.\n\nA second one.\n")
+  return setting["base"] / name
+
+
+def _tokenizer_and_leftover(setting, name):
+  """A data_dir holding the tiny tokenizer, and what a killed electra-prepare leaves: TFDS's incomplete.* directory."""
+  config = copy.deepcopy(setting.config)
+  config.data.data_dir = str(setting["base"] / name)
+  shutil.copytree(os.path.dirname(prepare.tokenizer_path(setting.config)),
+                  os.path.dirname(prepare.tokenizer_path(config)))
+  leftover = os.path.join(os.path.dirname(prepare.dataset_dir(config)), "incomplete.ABCDEF_1.0.0")
+  os.makedirs(leftover)
+  with open(os.path.join(leftover, "electra_pretraining-train.array_record-00000-of-00001"), "wb") as f:
+    f.write(b"half")
+  return setting["base"] / name
+
+
 def _read_only(setting, name):
   """A workdir inside a directory nobody may write to (run AS_A_USER, which root obeys too)."""
   path = setting["base"] / name
@@ -93,7 +114,9 @@ def _read_only(setting, name):
   return path / "run"
 
 
-# name -> (workdir maker, flags, message regex[, command prefix]). The workdir maker gets (setting, name).
+# name -> (workdir maker, flags, message regex[, command prefix[, command]]). The workdir maker gets (setting, name).
+# The command is "pretrain" unless given: "prepare" runs `electra-prepare --config=configs/tiny.py` with the workdir as
+# its data.data_dir.
 CASES = {
     "unknown_config_key": (None, ["--config.train.num_stepz=3"],
                            r"unknown config key 'num_stepz' Did you mean \"num_steps\" instead of \"num_stepz\"\?"),
@@ -151,7 +174,29 @@ CASES = {
                                  r"and model have 1000"),
     "disk_full_while_saving": (None, [], r"saving a checkpoint under .*/checkpoints failed \(.*File too large.*\); "
                                r"the earlier checkpoints are intact", DISK_FULL),
+    "unknown_dtype": (None, ["--config.model.dtype=float17"],
+                      r"model.dtype='float17': expected one of float32, bfloat16, float16"),
+    "mask_prob_zero": (None, ["--config.objective.mask_prob=0"], r"objective.mask_prob=0(\.0)? must be in \(0, 1\)"),
+    "mask_prob_masking_nothing": (None, ["--config.objective.mask_prob=0.01"],
+                                  r"objective.mask_prob=0.01 masks no token of a data.seq_len=64 sequence"),
+    "prepare_vocab_too_large": (_text, ["--config.data.text_files={base}/prepare_vocab_too_large.txt"],
+                                r"data.vocab_size=2000 is too large for the corpus \(1 source\(s\) from "
+                                r".*prepare_vocab_too_large.txt\): SentencePiece can make at most \d+ pieces",
+                                (), "prepare"),
+    # The tokenizer (275 KB) is already there; the dataset's first shard is larger than the limit.
+    "prepare_disk_full_writing_the_dataset": (
+        _tokenizer_and_leftover, [], r"writing the dataset .*/1.0.0 failed, no space \(.*File too large.*\): nothing "
+        r"of it was kept", DISK_FULL, "prepare"),
+    "prepare_disk_full_writing_the_tokenizer": (None, [], r"writing the tokenizer .*/tokenizer/spm2000_\w+.model "
+                                                r"failed \(File too large\): nothing of it was kept", DISK_FULL,
+                                                "prepare"),
 }
+LEFTOVER = re.compile(r"(^|/)incomplete\.")  # a killed electra-prepare's: the next one deletes it
+
+
+def _case(name):
+  """CASES[name] with the defaults filled in: (maker, flags, regex, command prefix, command)."""
+  return (*CASES[name], *((), "pretrain")[len(CASES[name]) - 3:])
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +208,14 @@ def results(tiny_data, setting, tmp_path_factory, request):
   env = cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
 
   def launch(name):
-    make, flags, _, *wrapper = CASES[name]
+    make, flags, _, wrapper, command = _case(name)
     workdir = make(setting, name) if make else setting["base"] / name
-    before = cli.file_hashes(workdir)
+    before = {f: h for f, h in cli.file_hashes(workdir).items() if not LEFTOVER.search(f)}
     flags = [f.format_map(setting) for f in flags]
-    return cli.run(env, config, workdir, *RUN, *flags, wrapper=wrapper[0] if wrapper else ()), workdir, before
+    if command == "prepare":
+      return _command(command, "--config=configs/tiny.py", f"--config.data.data_dir={workdir}", *flags,
+                      wrapper=wrapper), workdir, before
+    return cli.run(env, config, workdir, *RUN, *flags, wrapper=wrapper), workdir, before
 
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
     return dict(zip(names, pool.map(launch, names)))
@@ -183,12 +231,31 @@ def test_bad_input_is_one_clear_line(results, name):
     assert len(lines) == 1, out.stderr[-3000:]
   else:
     assert "Traceback" not in out.stderr
-  assert lines[-1].startswith("electra-pretrain: error: "), lines[-1]
+  assert lines[-1].startswith(f"electra-{_case(name)[4]}: error: "), lines[-1]
   assert re.search(CASES[name][2], lines[-1]), lines[-1]
   if name == "disk_full_while_saving":  # the run itself wrote config.json and metrics; no checkpoint, whole or part
     assert cli.checkpoint_dirs(workdir) == []
-  else:
+  else:  # as it was, less a killed run's leftovers
     assert cli.file_hashes(workdir) == before
+
+
+def test_second_ctrl_c_while_saving_is_one_log_line(tiny_data, tmp_path_factory):
+  """Ctrl-C, then Ctrl-C again while that step is being saved: the second is logged and ignored, the save completes
+  and the run exits 0 as after one (tests/test_checkpoints.py); no traceback, no partial checkpoint."""
+  config, _ = tiny_data
+  workdir = tmp_path_factory.mktemp("second_ctrl_c") / "run"
+  proc = cli.start(cli.env(tmp_path_factory.getbasetemp() / "jax_cache"), config, workdir,
+                   "--config.train.num_steps=1000", "--config.train.checkpoint_every=1000",
+                   "--config.train.log_every=1", "--config.train.eval_every=1000")
+  _wait(proc, lambda: cli.logged_steps(workdir), "a step")
+  proc.send_signal(signal.SIGINT)
+  _wait(proc, lambda: any(".orbax-checkpoint-tmp" in c for c in cli.checkpoint_dirs(workdir)), "the save")
+  proc.send_signal(signal.SIGINT)
+  assert proc.wait(timeout=120) == 0, cli.log(proc)[-3000:]
+  log = cli.log(proc)
+  step = re.search(r"Stopped by SIGINT after step (\d+)", log)[1]
+  assert f"SIGINT received again, ignored: already stopping: saving step {step}" in log and "Traceback" not in log
+  assert cli.checkpoint_dirs(workdir) == [step]
 
 
 # The other commands: flags and config keys are checked while parsing, by the same code (electra_jax/cli.py).
@@ -226,12 +293,13 @@ OWN_FLAGS = {"prepare": ["config"], "pretrain": ["config", "workdir", "allow_con
                        "shards"]}
 
 
-def _command(name, *flags, script=False) -> subprocess.CompletedProcess:
-  """`python -m electra_jax.<name>`, or its console script (installed beside the interpreter) if `script`."""
+def _command(name, *flags, script=False, wrapper=()) -> subprocess.CompletedProcess:
+  """`python -m electra_jax.<name>`, or its console script (installed beside the interpreter) if `script`, under
+  `wrapper` (a command prefix)."""
   exe = [os.path.join(os.path.dirname(sys.executable), f"electra-{name}")] if script else [
       sys.executable, "-m", f"electra_jax.{name}"]
-  return subprocess.run([*exe, *flags], cwd=cli.ROOT, capture_output=True, text=True, timeout=300, check=False,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  return subprocess.run([*wrapper, *exe, *flags], cwd=cli.ROOT, capture_output=True, text=True, timeout=300,
+                        check=False, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 @pytest.fixture(scope="module")

@@ -3,16 +3,23 @@ splits train and validation (whole documents held out: every ~1/validation_fract
 
 The config name is a hash of everything that determines the examples (corpus settings, tokenizer, seq_len, split,
 seed), so another input gets another directory and the same input is found prepared. TFDS writes into a temporary
-directory and renames it when complete, so a failed run leaves nothing half-written.
+directory and renames it when complete, so a failed run leaves nothing half-written (`writing`: and a killed one's
+temporary goes at the next run).
 """
+import contextlib
 import dataclasses
+import errno
+import glob
 import hashlib
 import math
+import os
+import shutil
 
 import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 
+from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.data import packing
 
@@ -38,6 +45,45 @@ def config_name(data) -> str:
           "split_sentences", "tokenizer", "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction", "seed")
   spec = repr([FORMAT_VERSION] + [(k, data[k]) for k in keys])
   return f"seq{data.seq_len}_{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
+
+
+def _no_space(e: Exception) -> bool:
+  """ArrayRecord's writer reports the OS error in a RuntimeError's words only; TFDS may re-raise an OSError without
+  its errno."""
+  return getattr(e, "errno", None) in _NO_SPACE or any(os.strerror(n) in str(e) for n in _NO_SPACE)
+
+
+@contextlib.contextmanager
+def writing(dataset_dir: str):
+  """Around TFDS's download_and_prepare into the local `dataset_dir` (<data_dir>/NAME/<config>/<version>).
+
+  TFDS writes <config>/incomplete.XXXXXX_<version>/ and renames it when complete, deleting it on an error; a killed
+  run leaves it, and its name says not whose. So each build marks itself beside the dataset (storage.temp_path, which
+  names this process), and the incomplete.* there are deleted only when no live build's mark is (remove_leftovers
+  drops the dead ones'). Running out of space is one OSError naming the dataset."""
+  parent, name = os.path.split(dataset_dir)
+  os.makedirs(parent, exist_ok=True)
+  storage.remove_leftovers(dataset_dir)
+  if not any(e.startswith(f".{name}.") for e in os.listdir(parent)):
+    for leftover in glob.glob(os.path.join(parent, glob.escape(tfds.core.constants.INCOMPLETE_PREFIX) + "*")):
+      shutil.rmtree(leftover, ignore_errors=True)
+  mark = storage.temp_path(dataset_dir)
+  open(mark, "wb").close()  # pylint: disable=consider-using-with
+  try:
+    yield
+  except (OSError, RuntimeError) as e:
+    if not _no_space(e):
+      raise
+    raise OSError(f"writing the dataset {dataset_dir} failed, no space ({' '.join(str(e).split())}): nothing of it "
+                  "was kept; free space or fix the cause, then re-run") from e
+  finally:
+    os.unlink(mark)
+    for d in (parent, os.path.dirname(parent)):  # left empty by a failed build
+      with contextlib.suppress(OSError):
+        os.rmdir(d)
 
 
 def is_validation(index: int, fraction: float) -> bool:
