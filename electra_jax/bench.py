@@ -135,8 +135,8 @@ def main():
     config.data.data_dir = _DATA_DIR.value
   prepared = None
   if _DATA_DIR.value or _PIPELINE.value:
-    from electra_jax import prepare  # pylint: disable=g-import-not-at-top
-    prepared = prepare.load(config)
+    from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top
+    prepared = prepared_lib.load(config)
   special = prepared.special_ids if prepared else SpecialIds()
   device = jax.devices()[0]
   devices = [device] if _MEMORY_ONLY.value else None

@@ -28,7 +28,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from electra_jax import sharding, storage, workdir as workdir_lib
+from electra_jax import sharding, storage
+from electra_jax.data import prepared
 
 class Restored(NamedTuple):
   state: Any
@@ -58,7 +59,7 @@ class Checkpointer:
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
-    self._tokenizer = workdir_lib.fingerprint(tokenizer_path) if tokenizer_path else None
+    self._tokenizer = prepared.fingerprint(tokenizer_path) if tokenizer_path else None
     if read_only:  # every option Orbax would otherwise turn off with a warning each
       options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
                                              lightweight_initialize=True)

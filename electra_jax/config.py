@@ -68,7 +68,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       keep_checkpoints=3,
       # Weights that start the run instead of random init: an HF ELECTRA directory (electra-export's output, or a
       # released model saved locally), a pre-training workdir or a params export; ignored once the workdir has a
-      # checkpoint. The data must be prepared with its tokenizer (e.g. --config.data.tokenizer=<dir>/vocab.txt).
+      # checkpoint. Its tokenizer prepares and trains the run unless data.tokenizer names one (the same one).
       init_from="",
       # With an HF discriminator directory as init_from: its generator's HF directory when stored apart (Google's
       # released checkpoints are two directories); default: <init_from>/generator if present, else a fresh one.

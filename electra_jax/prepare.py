@@ -4,11 +4,9 @@
   electra-prepare --config=configs/small.py --config.data.text_files='corpus/*.txt' --config.data.data_dir=data/small
   electra-prepare --config=configs/small.py --config.data.tfds_name=wikipedia/20230601.en --config.data.data_dir=DIR
 
-Re-running with the same inputs does nothing; changed inputs are rebuilt. See docs/data.md.
+Re-running with the same inputs does nothing; changed inputs are rebuilt. With --config.train.init_from (continued
+pre-training), that model's tokenizer is kept instead of training one. See docs/data.md.
 """
-import dataclasses
-import hashlib
-import json
 import os
 import tempfile
 
@@ -20,66 +18,25 @@ from electra_jax import cli
 from electra_jax import packages
 from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.special_ids import SpecialIds
-
-
-@dataclasses.dataclass(frozen=True)
-class PreparedData:
-  dataset_dir: str  # the TFDS builder directory (tfds.builder_from_directory reads it)
-  tokenizer_path: str
-  special_ids: SpecialIds
-  vocab_size: int
-  stats: dict  # per split: documents, lines, tokens, truncated_tokens, examples, replaced_bytes
-
-
-def tokenizer_path(config) -> str:
-  """data.tokenizer, else where electra-prepare puts the SentencePiece model it trains for this corpus and vocab."""
-  data = config.data
-  if data.tokenizer:
-    return data.tokenizer
-  keys = ("text_files", "text_field", "text_b_field", "tfds_name", "tfds_split", "tfds_text_key", "max_documents",
-          "split_sentences", "tokenizer_sentences")
-  spec = hashlib.sha256(repr([(k, data[k]) for k in keys]).encode()).hexdigest()[:12]
-  return os.fspath(epath.Path(data.data_dir) / "tokenizer" / f"spm{data.vocab_size}_{spec}.model")
-
-
-def dataset_dir(config) -> str:
-  from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
-  return os.fspath(epath.Path(config.data.data_dir) / pretraining.NAME / pretraining.config_name(config.data) /
-                   "1.0.0")
+from electra_jax.data import prepared
 
 
 def _identity(corpus, tok) -> dict:
-  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": hashlib.sha256(
-      epath.Path(tok.path).read_bytes()).hexdigest()}
+  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path)}
 
 
-def _metadata(path: str) -> dict:
-  return json.loads((epath.Path(path) / "metadata.json").read_text())
-
-
-def load(config) -> PreparedData:
-  """The prepared dataset for `config`; a clear error naming the missing path and the command if there is none."""
-  path = dataset_dir(config)
-  if not (epath.Path(path) / "dataset_info.json").exists():
-    raise FileNotFoundError(f"no prepared data at {path}: run `electra-prepare --config=<this config>` with the same "
-                            "--config.data.* overrides first")
-  meta = _metadata(path)
-  tok = tokenizer_lib.Tokenizer(tokenizer_path(config))
-  tok.check_vocab_size(config.data.vocab_size)
-  return PreparedData(path, tok.path, tok.special_ids, tok.vocab_size, meta["stats"])
-
-
-def prepare(config) -> PreparedData:
+def prepare(config) -> prepared.PreparedData:
   """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
+  from electra_jax import weights  # pylint: disable=g-import-not-at-top  (jax and flax: only here)
+  config = weights.with_init_tokenizer(config)
   from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   data = config.data
   corpus = corpus_lib.Corpus.from_config(data)
-  tok_path = tokenizer_path(config)
+  tok_path = prepared.tokenizer_path(config)
   if not epath.Path(tok_path).exists():
     if data.tokenizer:
       raise FileNotFoundError(f"data.tokenizer: no such file: {tok_path}")
@@ -90,11 +47,11 @@ def prepare(config) -> PreparedData:
   tok.check_vocab_size(data.vocab_size)
 
   identity = _identity(corpus, tok)
-  path = epath.Path(dataset_dir(config))
+  path = epath.Path(prepared.dataset_dir(config))
   if (path / "dataset_info.json").exists():
-    if _metadata(os.fspath(path)).get("identity") == identity:
+    if prepared.metadata(os.fspath(path)).get("identity") == identity:
       logging.info("Already prepared: %s", path)
-      return load(config)
+      return prepared.load(config)
     logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
@@ -104,7 +61,7 @@ def prepare(config) -> PreparedData:
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
     builder = pretraining.ElectraPretraining(
         config=pretraining.PretrainingConfig(
-            name=pretraining.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
+            name=prepared.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
             identity=identity),
         data_dir=local if remote else data.data_dir)
@@ -112,13 +69,13 @@ def prepare(config) -> PreparedData:
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record")
     if remote:
       storage.copy_tree(builder.data_path, path, last="dataset_info.json")
-  return load(config)
+  return prepared.load(config)
 
 
-def _report(prepared: PreparedData, seq_len: int):
-  print(f"tokenizer: {prepared.tokenizer_path} ({prepared.vocab_size} pieces, special ids {prepared.special_ids})")
-  print(f"dataset:   {prepared.dataset_dir}")
-  for split, s in prepared.stats.items():
+def _report(data: prepared.PreparedData, seq_len: int):
+  print(f"tokenizer: {data.tokenizer_path} ({data.vocab_size} pieces, special ids {data.special_ids})")
+  print(f"dataset:   {data.dataset_dir}")
+  for split, s in data.stats.items():
     print(f"  {split}: {s['documents']} documents, {s['lines']} lines, {s['tokens']} tokens -> {s['examples']} "
           f"examples of {seq_len}; truncated tokens {s['truncated_tokens']} "
           f"({s['truncated_tokens'] / max(s['tokens'], 1):.1%}); replaced bytes {s['replaced_bytes']}")

@@ -19,6 +19,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
   lock (workdir.Lock) throughout: a second writer there is refused."""
+  config = weights.with_init_tokenizer(config)
   _check_loop_config(config.train)
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
@@ -27,12 +28,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock) -> TrainState:
   # TensorFlow lives only in the data code; import it here so the model and step never need it.
-  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
 
-  prepared = prepare.load(config)
-  workdir_lib.check_tokenizer(prepared.dataset_dir, prepared.tokenizer_path)
+  prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
   state, data_state, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)

@@ -3,6 +3,7 @@ directory into (config, params, tokenizer), used by export, fine-tuning and trai
 export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
 
 A new weight format is one more branch in `load`."""
+import copy
 import os
 from typing import Any, NamedTuple
 
@@ -11,8 +12,9 @@ import jax
 import ml_collections
 from etils import epath
 
-from electra_jax import checkpoints, experiment, prepare, state, storage
+from electra_jax import checkpoints, experiment, state, storage
 from electra_jax import workdir as workdir_lib
+from electra_jax.data import prepared
 from electra_jax.hf import directory as hf_directory
 
 PARAMS_DIR = "params"
@@ -47,7 +49,7 @@ def inputs(source: str) -> list[tuple[str, str]]:
     return [(source, "the HF directory to load")]
   paths = [(source, f"the {what} to load")] if what == "params" else [
       (os.path.join(source, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
-  return paths + [(prepare.tokenizer_path(workdir_lib.load_config(source)), "its tokenizer")]
+  return paths + [(prepared.tokenizer_path(workdir_lib.load_config(source)), "its tokenizer")]
 
 
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
@@ -61,7 +63,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   if generator:
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
   config = workdir_lib.load_config(source)
-  tokenizer = prepare.tokenizer_path(config)
+  tokenizer = prepared.tokenizer_path(config)
   if not with_params:
     return Weights(config, None, tokenizer)
   target = experiment.create(config).sharded.abstract()
@@ -76,12 +78,22 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
     ckpt.close()
 
 
+def with_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with data.tokenizer set to train.init_from's tokenizer when it names none: continued pre-training keeps
+  the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve it, so they agree."""
+  if config.data.tokenizer or not config.train.init_from:
+    return config
+  config = copy.deepcopy(config)
+  config.data.tokenizer = load(config.train.init_from, with_params=False).tokenizer
+  return config
+
+
 def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokenizer_path: str):
   """train.init_from's weights (and train.init_from_generator's, for an HF discriminator) placed on `sharded`'s mesh,
   after checking that they fit `config` and were trained with the data's tokenizer."""
   source = config.train.init_from
   loaded = load(source, generator=config.train.init_from_generator or None)
-  if workdir_lib.fingerprint(loaded.tokenizer) != workdir_lib.fingerprint(tokenizer_path):
+  if prepared.fingerprint(loaded.tokenizer) != prepared.fingerprint(tokenizer_path):
     raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
                      f"with --config.data.tokenizer={loaded.tokenizer}")
   want = flax.traverse_util.flatten_dict(sharded.abstract().params, sep="/")

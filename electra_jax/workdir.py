@@ -1,7 +1,6 @@
 """A pre-training workdir's own files and checks: config.json (written, read, compared when a run resumes) and the
 fingerprints that tie a checkpoint to its tokenizer. Paths may be local or gs:// (storage.py)."""
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -24,11 +23,6 @@ from electra_jax import storage
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "mesh.", "model.remat",
                   "data.data_dir", "data.num_workers")
-
-
-def fingerprint(path: str) -> str:
-  """SHA-256 of a file (the tokenizer): a checkpoint only continues with the tokenizer it was trained with."""
-  return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -83,17 +77,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.loads(path.read_text()))
   except ValueError as e:
     raise ValueError(f"{path} is not a valid config ({e})") from e
-
-
-def check_tokenizer(dataset_dir: str, tokenizer_path: str):
-  """The tokenizer beside the prepared data is the one electra-prepare tokenized it with (the SHA-256 it recorded in
-  metadata.json): another one would train on ids that mean other pieces, and be exported with the model."""
-  meta = json.loads((epath.Path(dataset_dir) / "metadata.json").read_text())
-  recorded = meta.get("identity", {}).get("tokenizer_sha256")
-  if recorded and recorded != fingerprint(tokenizer_path):
-    raise ValueError(f"tokenizer {tokenizer_path} is not the one the data at {dataset_dir} was prepared with (its "
-                     f"SHA-256 differs from the one recorded in metadata.json): put that tokenizer back, or run "
-                     "electra-prepare again to re-tokenize the data with this one")
 
 
 # --- One writer per workdir ------------------------------------------------------------------------------------------

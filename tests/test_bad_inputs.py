@@ -17,6 +17,7 @@ import threading
 import pytest
 
 from electra_jax import prepare, train
+from electra_jax.data import prepared
 from tests import pretrain_cli as cli
 from tests.test_checkpoints import _wait
 
@@ -53,7 +54,7 @@ class _Setting(dict):
   def _few(self):
     few = copy.deepcopy(self.config)
     (self["base"] / "few.txt").write_text("One short line of text here.\nAnother short line.\n\nA second document.\n")
-    few.data.update(text_files=str(self["base"] / "few.txt"), tokenizer=prepare.tokenizer_path(self.config),
+    few.data.update(text_files=str(self["base"] / "few.txt"), tokenizer=prepared.tokenizer_path(self.config),
                     data_dir=str(self["base"] / "few"), max_documents=0)
     prepare.prepare(few)
     return few.data
@@ -97,9 +98,9 @@ def _tokenizer_and_leftover(setting, name):
   """A data_dir holding the tiny tokenizer, and what a killed electra-prepare leaves: TFDS's incomplete.* directory."""
   config = copy.deepcopy(setting.config)
   config.data.data_dir = str(setting["base"] / name)
-  shutil.copytree(os.path.dirname(prepare.tokenizer_path(setting.config)),
-                  os.path.dirname(prepare.tokenizer_path(config)))
-  leftover = os.path.join(os.path.dirname(prepare.dataset_dir(config)), "incomplete.ABCDEF_1.0.0")
+  shutil.copytree(os.path.dirname(prepared.tokenizer_path(setting.config)),
+                  os.path.dirname(prepared.tokenizer_path(config)))
+  leftover = os.path.join(os.path.dirname(prepared.dataset_dir(config)), "incomplete.ABCDEF_1.0.0")
   os.makedirs(leftover)
   with open(os.path.join(leftover, "electra_pretraining-train.array_record-00000-of-00001"), "wb") as f:
     f.write(b"half")

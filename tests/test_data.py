@@ -11,6 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from electra_jax import prepare
+from electra_jax.data import prepared as prepared_lib
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.data import packing
@@ -149,7 +150,7 @@ def test_rerun_is_a_no_op(tiny_data):
   assert again == prepared
   assert {f: os.stat(os.path.join(prepared.dataset_dir, f)).st_mtime_ns
           for f in os.listdir(prepared.dataset_dir)} == files
-  assert prepare.load(config) == prepared
+  assert prepared_lib.load(config) == prepared
 
 
 def _files_config(tiny_data, tmp_path, **data):
@@ -209,7 +210,7 @@ def test_tokenizer_vocab_mismatch(tiny_data, tmp_path):
 def test_load_without_prepare_names_path_and_command(tiny_data, tmp_path):
   config = _files_config(tiny_data, tmp_path)
   with pytest.raises(FileNotFoundError, match=r"no prepared data at .*out/electra_pretraining.*electra-prepare"):
-    prepare.load(config)
+    prepared_lib.load(config)
 
 
 def test_cli_reports_bad_input_in_one_line(tmp_path):

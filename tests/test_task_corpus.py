@@ -1,7 +1,11 @@
 """Pre-training on the text of labelled tasks: task files' named columns (pairs included) mixed with plain text and the
-embedded corpus, a built-in task's training rows (never its eval rows), prepared into a real dataset."""
+embedded corpus, a built-in task's training rows (never its eval rows), prepared into a real dataset; continued
+pre-training on new text with the tokenizer of the model it starts from."""
 import csv
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +13,8 @@ import pytest
 from electra_jax import finetune, prepare, tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
 from tests import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _texts(corpus) -> list[str]:
@@ -70,3 +76,23 @@ def test_prepare_a_task_mixed_with_the_embedded_corpus(tiny_data, tmp_path):
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   ids = input_pipeline.Reader(prepared.dataset_dir).read(np.arange(200))["input_ids"]
   assert (ids == film[0]).any()
+
+
+def test_continued_pretraining_keeps_the_init_from_tokenizer(tiny_data, tmp_path):
+  """train.init_from without data.tokenizer: electra-prepare tokenizes new text with the model's own tokenizer (no
+  new one is trained) and electra-pretrain continues from the model with it."""
+  config = helpers.tiny_config(tiny_data)
+  helpers.save_workdir(config, str(tmp_path / "base"))
+  with open(tmp_path / "domain.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"text": s}) + "\n" for s in helpers.sotu_sentences()[:1500])
+  flags = [f"--config.data.data_dir={tmp_path / 'data'}", f"--config.data.text_files={tmp_path / 'domain.jsonl'}",
+           "--config.data.tokenizer=", f"--config.train.init_from={tmp_path / 'base'}", "--config.train.num_steps=2",
+           "--config.train.checkpoint_every=2", "--config.train.eval_every=2"]
+  for command in (["electra_jax.prepare"], ["electra_jax.pretrain", f"--workdir={tmp_path / 'run'}"]):
+    out = subprocess.run([sys.executable, "-m", *command, "--config=configs/tiny.py", *flags], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+  assert not (tmp_path / "data" / "tokenizer").exists()  # none trained
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert saved["data"]["tokenizer"] == tiny_data[1].tokenizer_path
+  assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2

@@ -8,7 +8,8 @@ from benchmarks import finetune_demo
 from benchmarks.replicate import plan
 from electra_jax import workdir as workdir_lib
 from electra_jax import finetune as finetune_lib
-from electra_jax import prepare, storage, train
+from electra_jax import storage, train
+from electra_jax.data import prepared
 
 TFIDF, RANDOM = "TF-IDF 1-2-gram + LR", "random init"  # the floors, as results["floors"] names them
 
@@ -65,7 +66,7 @@ def finetune_config(study, task: str, seed: int, init_from: str = "", init_step:
   c.init_from, c.init_step = init_from, init_step
   if not init_from:  # the same architecture and tokenizer, random weights
     c.model.update(study.pretrain.model.to_dict())
-    c.tokenizer = prepare.tokenizer_path(study.pretrain)
+    c.tokenizer = prepared.tokenizer_path(study.pretrain)
   return c
 
 

@@ -1,8 +1,8 @@
 """The TFDS dataset of packed pre-training examples: features input_ids and segment_ids (int32 [seq_len], 0-padded),
 splits train and validation (whole documents held out: every ~1/validation_fraction-th one, the first included).
 
-The config name is a hash of everything that determines the examples (corpus settings, tokenizer, seq_len, split,
-seed), so another input gets another directory and the same input is found prepared. TFDS writes into a temporary
+The config name (data/prepared.py's `config_name`) is a hash of everything that determines the examples (corpus
+settings, tokenizer, seq_len, split, seed), so another input gets another directory and the same input is found prepared. TFDS writes into a temporary
 directory and renames it when complete, so a failed run leaves nothing half-written (`writing`: and a killed one's
 temporary goes at the next run).
 """
@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import errno
 import glob
-import hashlib
 import math
 import os
 import shutil
@@ -22,9 +21,8 @@ import tqdm
 from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.data import packing
+from electra_jax.data import prepared
 
-NAME = "electra_pretraining"
-FORMAT_VERSION = 1  # bump when packing changes what the same inputs produce
 
 
 @dataclasses.dataclass
@@ -37,14 +35,6 @@ class PretrainingConfig(tfds.core.BuilderConfig):
   num_workers: int = 0
   # Written into the dataset's metadata.json; prepare compares it to detect stale data.
   identity: dict | None = None
-
-
-def config_name(data) -> str:
-  """The dataset's config name for a config's `data` section; computable without reading the corpus."""
-  keys = ("text_files", "text_field", "text_b_field", "tfds_name", "tfds_split", "tfds_text_key", "max_documents",
-          "split_sentences", "tokenizer", "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction", "seed")
-  spec = repr([FORMAT_VERSION] + [(k, data[k]) for k in keys])
-  return f"seq{data.seq_len}_{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
@@ -97,7 +87,7 @@ def is_validation(index: int, fraction: float) -> bool:
 class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
   """Packed ELECTRA pre-training examples; built by electra-prepare with a PretrainingConfig."""
 
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version(prepared.VERSION)  # its name, electra_pretraining, is prepared.NAME
 
   def __init__(self, *, config: PretrainingConfig, **kwargs):
     self.stats = {}

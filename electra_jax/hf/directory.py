@@ -27,8 +27,9 @@ from etils import epath
 from flax import traverse_util
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, objectives, prepare, storage
+from electra_jax import modeling, objectives, storage
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import prepared
 from electra_jax.hf import convert
 from electra_jax.hf import tokenizer as hf_tokenizer
 
@@ -51,7 +52,7 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
   """Writes the discriminator to `output` and the generator to `output`/generator, atomically."""
   storage.refuse_existing(output, overwrite)
   model_config = modeling.ModelConfig.from_config(config)
-  tokenizer_path = tokenizer_path or prepare.tokenizer_path(config)
+  tokenizer_path = tokenizer_path or prepared.tokenizer_path(config)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != model_config.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
