@@ -102,8 +102,8 @@ def is_hf_dir(directory: str) -> bool:
 
 def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str | None = None):
   """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
-  hf_dir/generator when present): params fit `experiment.create(config)`'s state and the config's data.tokenizer points at
-  the directory's tokenizer (sentencepiece.model or vocab.txt)."""
+  hf_dir/generator when present): params fit `experiment.create(config)`'s state and the config's data.tokenizer
+  points at the directory's tokenizer (sentencepiece.model or vocab.txt)."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
