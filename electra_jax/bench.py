@@ -172,7 +172,8 @@ def main():
     result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
   if _PIPELINE.value:
     result.update(time_pipeline(config, prepared, _PIPELINE_BATCHES.value))
-  print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention ({result['attention_kernel']}) on "
+  print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention "
+        f"({result['attention_kernel']}) on "
         f"{result['num_devices']} x {device.device_kind}  compile {result['compile_s']:.1f} s  "
         f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
         f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "

@@ -1,8 +1,8 @@
 """Per-host input: this host's rows of each global batch of the prepared dataset (shuffled, repeated, prefetched),
 and `to_global`, the one place where host numpy becomes global jax arrays.
 
-The dataset is array_record, read by random access (tfds data_source) with no TensorFlow in the process. Global batch b is a pure function of
-(seed, b), and a host reads only its rows of it, so the iterator's whole state is {"step": b}, restoring is O(1), and a
+The dataset is array_record, read by random access (tfds data_source) with no TensorFlow in the process. Global
+batch b is a pure function of (seed, b), and a host reads only its rows of it, so the iterator's whole state is {"step": b}, restoring is O(1), and a
 resumed run sees bit-identical batches, on any number of hosts. (A tf.data iterator checkpoint stores its shuffle
 buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
@@ -57,8 +57,8 @@ class TrainIterator:
     self._reader = reader
     self._size = self._reader.num_examples
     if self._size < global_batch_size:
-      raise ValueError(f"the {reader.split} split has {self._size} examples, fewer than one batch ({global_batch_size}); "
-                       "prepare more data")
+      raise ValueError(f"the {reader.split} split has {self._size} examples, fewer than one batch "
+                       f"({global_batch_size}); prepare more data")
     self._global_batch = global_batch_size
     per_host = _per_host(global_batch_size, process_count)
     self._rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
@@ -111,7 +111,8 @@ def train_iterator(config, prepared, state: dict | None = None, process_index: i
                    process_count: int | None = None) -> TrainIterator:
   """This host's training batches (global train.batch_size / process_count each), from `state` if given."""
   index, count = _hosts(process_index, process_count)
-  return TrainIterator(Reader(prepared.dataset_dir), config.train.batch_size, config.train.seed, index, count, state=state)
+  return TrainIterator(Reader(prepared.dataset_dir), config.train.batch_size, config.train.seed, index, count,
+                       state=state)
 
 
 def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
