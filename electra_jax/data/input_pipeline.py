@@ -2,9 +2,9 @@
 and `to_global`, the one place where host numpy becomes global jax arrays.
 
 The dataset is array_record, read by random access (tfds data_source) with no TensorFlow in the process. Global
-batch b is a pure function of (seed, b), and a host reads only its rows of it, so the iterator's whole state is {"step": b}, restoring is O(1), and a
-resumed run sees bit-identical batches, on any number of hosts. (A tf.data iterator checkpoint stores its shuffle
-buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
+batch b is a pure function of (seed, b), and a host reads only its rows of it, so the iterator's whole state is
+{"step": b}, restoring is O(1), and a resumed run sees bit-identical batches, on any number of hosts. (A tf.data
+iterator checkpoint stores its shuffle buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
 import concurrent.futures
 import functools
