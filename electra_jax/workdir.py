@@ -230,7 +230,8 @@ def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
 
 class _LocalFile:
   """The lock file on a local (or network) file system: creation is O_CREAT|O_EXCL; a replacement is written beside
-  it and renamed over it; a deletion renames it away first and puts it back if it was not the one meant (another
+  it and renamed over it (check, then rename: not atomic, but a takeover only follows STALE_S of the holder's
+  silence, so a refresh and a takeover do not meet); a deletion renames it away first and puts it back if it was not the one meant (another
   writer took it over in between)."""
 
   def __init__(self, path: str):

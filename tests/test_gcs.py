@@ -55,7 +55,7 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
     bucket.blob(name).upload_from_string("\n\n".join("\n".join(d) for d in docs))
 
   prepared = _run(env, cwd, "prepare", f"--config={ROOT}/configs/tiny.py", *RUN[-2:])
-  assert f"2 file(s) matching gs://{BUCKET}/corpus/**/*.txt" in prepared.stderr
+  assert f"2 source(s) from gs://{BUCKET}/corpus/**/*.txt" in prepared.stderr
 
   _run(env, cwd, *_pretrain("runs/straight"))
   # Killed right after its first checkpoint is committed, then resumed by the same command.

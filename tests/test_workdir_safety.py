@@ -137,7 +137,10 @@ def test_lock_refuses_a_second_writer_and_takes_over_a_gone_one(store, monkeypat
     while store.read()["heartbeat"] == first:  # the holder's heartbeat refreshes it
       assert time.time() < deadline
       time.sleep(0.05)
-    # A holder that missed its heartbeats has been taken over: it learns so before it saves again.
+    # A holder that missed its heartbeats has been taken over: it learns so before it saves again. A local refresh is
+    # check-then-rename, so the takeover is written between beats, as a real one is (after STALE_S of silence).
+    monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 1.0)
+    time.sleep(0.3)  # a beat in flight has ended; the next one is up to a second away
     store.plant(token="taker")
     while lock.lost is None:
       assert time.time() < deadline

@@ -17,7 +17,8 @@ FORMAT_VERSION = 1  # bump when packing changes what the same inputs produce
 # What determines the corpus, hence the tokenizer trained on it; the dataset adds how it is tokenized and packed.
 CORPUS_KEYS = ("text_files", "text_field", "text_b_field", "tfds_name", "tfds_split", "tfds_text_key", "max_documents",
                "split_sentences", "tokenizer_sentences")
-DATASET_KEYS = CORPUS_KEYS + ("tokenizer", "vocab_size", "seq_len", "validation_fraction", "seed")
+DATASET_KEYS = CORPUS_KEYS[:-1] + ("tokenizer", "vocab_size", "tokenizer_sentences", "seq_len", "validation_fraction",
+                                   "seed")  # in the order earlier versions hashed them: their data is found
 
 
 @dataclasses.dataclass(frozen=True)
