@@ -66,7 +66,8 @@ def prepare(config) -> prepared.PreparedData:
             identity=identity),
         data_dir=local if remote else data.data_dir)
     with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
-      builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record")
+      builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
+                                   download_config=tfds.download.DownloadConfig(num_shards=data.num_shards or None))
     if remote:
       storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   return prepared.load(config)
