@@ -86,6 +86,7 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
     packages.require(module, command)
   if any(isinstance(v, str) and v.startswith("gs://") for h in own for v in _values(h.value)):
     packages.require("gcsfs", f"{command} with gs:// paths")
+    storage.check_reachable()
 
 
 def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.FlagHolder],

@@ -7,6 +7,7 @@ hands each library the form it needs."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,3 +101,17 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
   assert any(n.startswith("data/electra_pretraining/") and n.endswith("dataset_info.json") for n in names)
   for where in (cwd, ROOT):
     assert not os.path.exists(os.path.join(where, "gs:")), f"a local gs: directory under {where}"
+
+
+def test_unreachable_storage_is_one_line_at_once(tmp_path):
+  """No Cloud Storage (here: an emulator address nothing listens on): one line within seconds, not gcsfs's minute of
+  retries and tracebacks ending in "not a directory"."""
+  with socket.socket() as s:  # a port that was free a moment ago
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  start = time.time()
+  result = subprocess.run([sys.executable, "-m", "electra_jax.export", f"--workdir=gs://{BUCKET}/run",
+                           f"--output={tmp_path / 'out'}"], cwd=cli.ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, STORAGE_EMULATOR_HOST=f"127.0.0.1:{port}"), check=False)
+  helpers.assert_one_line_error(result, f"127.0.0.1:{port} cannot be reached")
+  assert time.time() - start < 60 and not (tmp_path / "out").exists()
