@@ -83,8 +83,12 @@ def with_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.Con
   the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve it, so they agree."""
   if config.data.tokenizer or not config.train.init_from:
     return config
+  tokenizer = load(config.train.init_from, with_params=False).tokenizer
+  own = prepared.tokenizer_path(config)
+  if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(tokenizer):
+    return config  # the same vocabulary already prepared this config's data
   config = copy.deepcopy(config)
-  config.data.tokenizer = load(config.train.init_from, with_params=False).tokenizer
+  config.data.tokenizer = tokenizer
   return config
 
 
