@@ -30,7 +30,7 @@ demo: venv
 # The paper's objective ablation at equal compute on the demo's data (prepared by the script, as by `make demo`);
 # writes docs/replication.md and docs/replication/*.png. Running it again continues an interrupted study.
 replicate: venv
-	XLA_FLAGS= $(PY) -m benchmarks.replicate --config=configs/replicate.py --workdir=runs/replicate \
+	XLA_FLAGS= $(PY) -m benchmarks.replicate --config=configs/studies/replicate.py --workdir=runs/replicate \
 	  --output=docs/replication.md
 
 test: venv

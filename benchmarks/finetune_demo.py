@@ -4,7 +4,7 @@ a TF-IDF + logistic-regression floor, on the demo tasks, with every label or wit
   python benchmarks/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec] [--seeds=0,1,2] \
       [--labels=0,2000,500] [--epochs=N] [--workdir=runs/finetune_demo] [--output=docs/finetuning.md]
 
-For each task (configs/finetune_sentiment.py, configs/finetune_trec.py: fixed seeded splits), label budget (0 = every
+For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 = every
 training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an export
 directory) and once from random weights of its architecture (random_init=True). Both train for the same epochs and
 report the eval split at the epoch that scored best on a dev fold carved from the training rows, so neither is judged
@@ -22,13 +22,13 @@ import time
 from absl import app, flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TASKS = {"sentiment": "configs/finetune_sentiment.py", "trec": "configs/finetune_trec.py"}
+TASKS = {"sentiment": "configs/finetune/sentiment.py", "trec": "configs/finetune/trec.py"}
 
 DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
 
 
 def task_config(task: str, epochs: float = 0.0, labels: int = 0):
-  """configs/finetune_<task>.py with a dev fold, `labels` training rows (0 = all) and task.num_epochs=epochs unless
+  """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all) and task.num_epochs=epochs unless
   0."""
   spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / TASKS[task])
   module = importlib.util.module_from_spec(spec)

@@ -1,9 +1,10 @@
 """Which pre-training recipe gets the demo's discriminator off the no-context plateau soonest, in minutes on this
-machine? Runs every recipe of configs/pretrain_study.py (resuming unfinished ones), then writes a Markdown report with
-the table and learning curves (held-out ROC AUC and recall of the discriminator, MLM accuracy of the generator).
+machine? Runs every recipe of configs/studies/pretrain_study.py (resuming unfinished ones), then writes a Markdown
+report with the table and learning curves (held-out ROC AUC and recall of the discriminator, MLM accuracy of the
+generator).
 
-  python benchmarks/pretrain_study.py --config=configs/pretrain_study.py [--config.recipes=a,b] [--report_only]
-  python benchmarks/pretrain_study.py --config=configs/pretrain_study.py --time_only   # with nothing else running
+  python benchmarks/pretrain_study.py --config=configs/studies/pretrain_study.py [--config.recipes=a,b] [--report_only]
+  python benchmarks/pretrain_study.py --config=configs/studies/pretrain_study.py --time_only  # nothing else running
 
 Minutes are steps × the recipe's step time measured alone (electra_jax.bench.time_steps, median of 3 windows),
 stored in <workdir>/<recipe>/step_time.json: runs that shared the machine still compare fairly.
@@ -22,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # configs/ and benchmarks/ import as packages from a checkout
 
 from benchmarks.finetune_demo import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
-from configs import pretrain_study  # pylint: disable=wrong-import-position
+from configs.studies import pretrain_study  # pylint: disable=wrong-import-position
 
 def recipe_config(study, name: str):
   """The baseline, the recipe's overrides, and the study's length: one pre-training config."""
@@ -134,7 +135,7 @@ def main(argv):
 
 if __name__ == "__main__":
   # Flags only when run as a script: the tests import the helpers above beside other modules' flags.
-  _CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs/pretrain_study.py"), "Study config.")
+  _CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs/studies/pretrain_study.py"), "Study config.")
   _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only write the report from the runs on disk.")
   _TIME_ONLY = flags.DEFINE_bool("time_only", False, "Only (re)measure each recipe's step time.")
   app.run(main)

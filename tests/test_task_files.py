@@ -157,7 +157,7 @@ null was a third class "None" and this run trained)."""
   path.write_text(_jsonl(*({"text": _text(i), "label": ["pos", "neg", None][i % 3]} for i in range(60))),
                   encoding="utf-8")
   out = tmp_path / "ft"
-  r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune_sentiment.py",
+  r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py",
                       f"--config.tokenizer={tiny_data[1].tokenizer_path}", "--config.task.name=mine",
                       f"--config.task.train_file={path}", "--config.train.batch_size=8", f"--workdir={out}"],
                      cwd=ROOT, text=True, capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)

@@ -43,7 +43,7 @@ sys.meta_path[:] = [_Hide(f) for f in sys.meta_path]
 AFTER_PREPARE = ("electra_jax.train", "electra_jax.experiment", "electra_jax.finetune.loop", "electra_jax.weights",
                  "electra_jax.hf.directory", "electra_jax.data.input_pipeline", "electra_jax.prepare")
 PRETRAIN = ("--config.train.log_every=5", "--config.train.eval_every=10", "--config.train.checkpoint_every=10")
-FINETUNE = ("--config=configs/finetune_sentiment.py", "--config.task.num_epochs=0.04", "--config.train.log_every=3",
+FINETUNE = ("--config=configs/finetune/sentiment.py", "--config.task.num_epochs=0.04", "--config.train.log_every=3",
             "--config.seq_len=32")
 
 

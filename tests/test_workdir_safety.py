@@ -67,7 +67,7 @@ def _task_files(directory):
 
 
 def _finetune_flags(init_from, workdir, *flags):
-  return ["--config=configs/finetune_sentiment.py", f"--config.init_from={init_from}", f"--workdir={workdir}",
+  return ["--config=configs/finetune/sentiment.py", f"--config.init_from={init_from}", f"--workdir={workdir}",
           *flags]
 
 

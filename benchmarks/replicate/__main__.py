@@ -1,12 +1,12 @@
 r"""`make replicate`: ELECTRA's central result (Clark et al. 2020: Table 5, and Two-stage from Fig. 3) in miniature.
 
-  python -m benchmarks.replicate [--config=configs/replicate.py[:cpu|gpu|tiny]] [--workdir=runs/replicate] \
+  python -m benchmarks.replicate [--config=configs/studies/replicate.py[:cpu|gpu|tiny]] [--workdir=runs/replicate] \
       [--output=docs/replication.md] [--config.objectives=electra,mlm] [--config.budget_steps=N] [--plan_only] ...
 
 Run it from the repository root (or with that on PYTHONPATH): configs/ and benchmarks/ import as packages.
 
-Every objective of the study (configs/replicate.py) pre-trains the same discriminator on the same data for the same
-FLOPs: the budget is budget_steps steps of objective electra, each objective's step costs what
+Every objective of the study (configs/studies/replicate.py) pre-trains the same discriminator on the same data for the
+same FLOPs: the budget is budget_steps steps of objective electra, each objective's step costs what
 electra_jax.objectives.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
 warm-up is a fixed fraction of them. Its checkpoints along the way and at the end are fine-tuned on the demo tasks with
 several seeds, beside benchmarks/finetune_demo.py's floors (random init of the same architecture; TF-IDF + logistic
@@ -36,8 +36,8 @@ from electra_jax import prepare, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-_CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "replicate.py"),
-                                          "The study: configs/replicate.py[:cpu|gpu|tiny].", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", str(ROOT / "configs" / "studies" / "replicate.py"),
+                                          "The study: configs/studies/replicate.py[:cpu|gpu|tiny].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where every run and results.json go ('' = the config's workdir).")
 _OUTPUT = flags.DEFINE_string("output", "", "The Markdown report ('' = the config's output); its figures go to the "
                               "directory of the same name without .md.")

@@ -1,8 +1,8 @@
 """electra-finetune: the discriminator fine-tuned on a classification, regression or sentence-pair task.
 
-  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
-  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=exports/demo --workdir=...  # HF dir
-  electra-finetune --config=configs/finetune_sentiment.py --config.tokenizer=T.model --workdir=...  # random init
+  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
+  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=exports/demo --workdir=...  # HF dir
+  electra-finetune --config=configs/finetune/sentiment.py --config.tokenizer=T.model --workdir=...  # random init
 
 Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
 electra-export, or a released one with its vocab.txt), or random init when init_from is empty (the baseline; the

@@ -1,4 +1,4 @@
-"""The fine-tuning config schema: every key a run may set. configs/finetune_*.py start from `base_config()`."""
+"""The fine-tuning config schema: every key a run may set. configs/finetune/*.py start from `base_config()`."""
 import ml_collections
 
 from electra_jax import config as config_lib

