@@ -21,6 +21,8 @@ from electra_jax.data import prepared
 from tests import pretrain_cli as cli
 from tests.test_checkpoints import _wait
 
+pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
+
 RUN = ("--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=1000")
 # "Disk full": files may not grow past 256 KiB (RLIMIT_FSIZE), less than the tiny checkpoint's data. Python ignores
 # SIGXFSZ, so writes fail with EFBIG as they would with ENOSPC; no root or tmpfs needed. The shared compilation cache

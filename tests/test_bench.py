@@ -37,6 +37,7 @@ def bench(*args) -> dict:
   return json.loads(bench_output(*args).strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_bench_reports_json():
   result = bench("--steps=2", "--warmup=1", "--config.train.batch_size=8")
   assert set(REQUIRED) <= result.keys()
@@ -48,6 +49,7 @@ def test_bench_reports_json():
   assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and math.isfinite(result["loss"])
 
 
+@pytest.mark.slow
 def test_bench_reports_fused_attention():
   lines = bench_output("--steps=1", "--warmup=0", "--config.train.batch_size=8", "--config.model.attention_impl=fused",
                        "--config.model.attention_dropout_rate=0").strip().splitlines()
@@ -56,6 +58,7 @@ def test_bench_reports_fused_attention():
   assert " fused attention (xla) on " in lines[-2]
 
 
+@pytest.mark.slow
 def test_bench_memory_only_compiles_per_device_share():
   result = bench("--memory_only", "--shards=8")
   assert result["batch"] == 16 // 8 and result["num_devices"] == 1

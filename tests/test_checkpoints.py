@@ -20,6 +20,8 @@ from electra_jax import checkpoints, experiment, weights
 from electra_jax import workdir as workdir_lib
 from tests import pretrain_cli as cli
 
+pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
+
 N = 8
 TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
 RUN = (f"--config.train.num_steps={N}", "--config.train.checkpoint_every=2", "--config.train.log_every=1",

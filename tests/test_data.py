@@ -213,6 +213,7 @@ def test_load_without_prepare_names_path_and_command(tiny_data, tmp_path):
     prepared_lib.load(config)
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_input_in_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "electra_jax.prepare", "--config=configs/tiny.py",

@@ -169,6 +169,7 @@ def _cli(*args):
                         text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_exports_a_workdir_and_refuses_to_overwrite(tiny_data, tmp_path):
   config = helpers.tiny_config(tiny_data, "shared")
   params = helpers.save_workdir(config, str(tmp_path / "run"), step=7)
@@ -187,6 +188,7 @@ def test_cli_exports_a_workdir_and_refuses_to_overwrite(tiny_data, tmp_path):
   assert sorted(os.listdir(out)) == before
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(tiny_data, tmp_path):
   (tmp_path / "empty").mkdir()
   config = helpers.tiny_config(tiny_data, "shared")

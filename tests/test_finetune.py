@@ -143,6 +143,7 @@ def _assert_hf_parity(workdir, c, names):
   assert [r["prediction"] for r in rows] == ([names[i] for i in ours.argmax(-1)] if names else ours[:, 0].tolist())
 
 
+@pytest.mark.slow
 def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_data, tmp_path):
   path, config, params = workdir
   cls_task = dict(train_file=str(task_files / "train.jsonl"), eval_file=str(task_files / "eval.csv"))
@@ -204,6 +205,7 @@ def test_pair_encoding_truncates_the_longer_text(tiny_data):
   assert seg[0].tolist() == [0] * (15 - nb) + [1] * (nb + 1)
 
 
+@pytest.mark.slow
 def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
   path, config, _ = workdir
   tok = tiny_data[1].tokenizer_path

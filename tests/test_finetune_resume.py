@@ -15,6 +15,8 @@ from configs.finetune import sentiment as finetune_sentiment
 from electra_jax import finetune
 from tests import helpers, pretrain_cli
 
+pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

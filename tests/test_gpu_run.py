@@ -25,6 +25,7 @@ def dry_run(tmp_path_factory):
   return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_step_succeeds_and_is_logged(dry_run):
   out, results = dry_run
   steps = results["steps"]
@@ -39,6 +40,7 @@ def test_every_step_succeeds_and_is_logged(dry_run):
     assert heading in summary
 
 
+@pytest.mark.slow
 def test_bench_and_peer_figures(dry_run):
   _, results = dry_run
   ours = [r["result"] for r in results["steps"]["bench"]["figures"]["runs"]]
@@ -52,6 +54,7 @@ def test_bench_and_peer_figures(dry_run):
     assert r["tokens_per_sec"] > 0 and r["dtype"] == "bfloat16" and (r["batch"], r["seq_len"]) == (8, 64)
 
 
+@pytest.mark.slow
 def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   out, results = dry_run
   pre = results["steps"]["pretrain"]["figures"]
@@ -64,6 +67,7 @@ def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   assert pre["last_step"] == 20 and pre["median_tokens_per_sec"] > 0
 
 
+@pytest.mark.slow
 def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   out, results = dry_run
   from electra_jax.hf import directory  # pylint: disable=g-import-not-at-top
@@ -75,6 +79,7 @@ def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   assert "TF-IDF" in (out / "finetune.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_failed_step_is_recorded_and_what_needs_it_is_skipped(tmp_path):
   result = _gpu_run(f"--data_dir={tmp_path / 'no_data'}", f"--output={tmp_path}", "--steps=pretrain,export",
                     "--pretrain_minutes=2", timeout=300)
@@ -87,6 +92,7 @@ def test_a_failed_step_is_recorded_and_what_needs_it_is_skipped(tmp_path):
   assert "gpu_run: pretrain failed" in result.stdout
 
 
+@pytest.mark.slow
 def test_usage_errors_and_help():
   assert "--pretrain_minutes" in _gpu_run("--help").stdout
   missing = _gpu_run("--output=/nonexistent/x")

@@ -10,10 +10,13 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from electra_jax import finetune, storage, weights
 from tests import helpers
+
+pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

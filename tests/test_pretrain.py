@@ -12,6 +12,7 @@ from electra_jax import metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_pretrain_tiny_end_to_end(tiny_data, tmp_path):
   config, _ = tiny_data
   workdir = tmp_path / "run"

@@ -78,6 +78,7 @@ def test_prepare_a_task_mixed_with_the_embedded_corpus(tiny_data, tmp_path):
   assert (ids == film[0]).any()
 
 
+@pytest.mark.slow
 def test_continued_pretraining_keeps_the_init_from_tokenizer(tiny_data, tmp_path):
   """train.init_from without data.tokenizer: electra-prepare tokenizes new text with the model's own tokenizer (no
   new one is trained) and electra-pretrain continues from the model with it."""

@@ -150,6 +150,7 @@ def test_missing_column_names_the_file_and_the_columns_it_has(tiny_data, tmp_pat
   assert str(e.value) == f"{path}: no column 'label' (columns: text, stars)"
 
 
+@pytest.mark.slow
 def test_cli_null_label_is_one_error_line_and_nothing_written(tiny_data, tmp_path):
   """Checked while the data load: before the loop writes config.json, metrics or TensorBoard files (unchecked, the
 null was a third class "None" and this run trained)."""

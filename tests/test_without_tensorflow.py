@@ -93,6 +93,7 @@ def _pretrain_export_finetune(environ, config, root) -> dict:
           "bench": json.loads(bench.stdout.splitlines()[-1])}
 
 
+@pytest.mark.slow
 def test_pretrain_resume_export_finetune_without_tensorflow(tiny_data, envs, tmp_path):
   config, _ = tiny_data
   with_tf, without = (_pretrain_export_finetune(e, config, tmp_path / name)
@@ -108,6 +109,7 @@ def test_pretrain_resume_export_finetune_without_tensorflow(tiny_data, envs, tmp
   assert without["bench"]["loss"] == with_tf["bench"]["loss"] and without["bench"]["pipeline_tokens_per_sec"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hidden, command, extra", [
     ("tensorflow", ["electra_jax.prepare"], "prepare"),
     ("tensorboardX", ["electra_jax.pretrain", "--workdir={out}"], None),

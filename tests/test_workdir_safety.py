@@ -169,6 +169,7 @@ def reference(tiny_data, env, tmp_path_factory):
   return workdir, cli.log(again)
 
 
+@pytest.mark.slow
 def test_a_killed_writers_lock_is_taken_over(reference):
   workdir, log = reference
   assert "Taking over the lock on" in log and "has ended" in log, log[-3000:]
@@ -176,6 +177,7 @@ def test_a_killed_writers_lock_is_taken_over(reference):
   assert [r["step"] for r in _metrics(workdir)] == list(range(1, N + 1))
 
 
+@pytest.mark.slow
 def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, reference, tmp_path):
   """While a run saves at every step: electra-export and electra-finetune read its checkpoints, and a second
   electra-pretrain on its workdir is refused in one line naming the holder. The run ends exactly as the reference;
@@ -247,6 +249,7 @@ MESSAGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MESSAGES)
 def test_refused_in_one_line_with_inputs_intact(refusals, reference, name):
   cases, base = refusals
