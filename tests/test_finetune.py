@@ -164,9 +164,16 @@ def test_finetune_from_checkpoint_export_and_random(workdir, task_files, tiny_da
   assert [m["step"] for m in evals] == [8, 16, 20] and evals[-1]["eval_accuracy"] == r["accuracy"]
   assert not (tmp_path / "from_ckpt" / "predictions_test.jsonl").exists()
 
+  # The same weights and tokenizer through an HF export: the same run as from the workdir, up to float rounding.
   hf_directory.export(config, params, str(tmp_path / "hf"))
-  r = finetune.finetune(_config(init_from=str(tmp_path / "hf"), **cls_task), str(tmp_path / "from_hf"))
-  assert {"accuracy", "f1", "mcc"} <= set(r)
+  c_hf = c.copy_and_resolve_references()
+  c_hf.init_from = str(tmp_path / "hf")
+  from_hf = finetune.finetune(c_hf, str(tmp_path / "from_hf"))
+  for key in ("accuracy", "f1", "mcc", "train_loss"):
+    assert from_hf[key] == pytest.approx(r[key], abs=1e-5), key
+  logits = [[json.loads(l)["logits"] for l in (tmp_path / run / "predictions_eval.jsonl").read_text().splitlines()]
+            for run in ("from_ckpt", "from_hf")]
+  np.testing.assert_allclose(logits[1], logits[0], atol=1e-4)
 
   # A sentence-pair regression task from JSONL, with unlabelled test rows to predict.
   pairs = dict(train_file=str(task_files / "pairs.jsonl"), test_file=str(task_files / "pairs_test.jsonl"),

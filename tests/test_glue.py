@@ -2,8 +2,10 @@
 downloaded): a tiny random-init encoder fine-tuned a few steps reports the task's metric and predicts the test split."""
 import json
 
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from scipy import stats
 
 from configs.finetune import glue
 from electra_jax import finetune
@@ -22,6 +24,16 @@ def test_every_task_builds_with_its_fields_and_recipe():
     glue.get_config("wnli")
 
 
+def _metrics(predicted: list, labels: list) -> dict:
+  """The reported metrics by their definitions, from the saved predictions (label names, or scores) and the labels."""
+  if isinstance(predicted[0], float):
+    return dict(pearson=np.corrcoef(predicted, labels)[0, 1], spearman=stats.spearmanr(predicted, labels)[0])
+  right = [p == str(l) for p, l in zip(predicted, labels)]
+  positive = [(p == "1", str(l) == "1") for p, l in zip(predicted, labels)]  # F1 is of label 1, as GLUE's
+  tp, fp, fn = (sum(pair == want for pair in positive) for want in ((True, True), (True, False), (False, True)))
+  return dict(accuracy=float(np.mean(right)), f1=2 * tp / (2 * tp + fp + fn))
+
+
 @pytest.mark.parametrize("name,metrics", [("sst2", ["accuracy"]), ("mrpc", ["f1"]),
                                           ("stsb", ["pearson", "spearman"])])
 def test_finetunes_on_mock_glue(name, metrics, tiny_data, tmp_path):
@@ -34,9 +46,14 @@ def test_finetunes_on_mock_glue(name, metrics, tiny_data, tmp_path):
   # USE_CODE: examples from the dataset's features alone; USE_FILES would want metadata tfds lacks for stsb.
   with tfds.testing.mock_data(num_examples=48, policy=tfds.testing.MockPolicy.USE_CODE):
     finetune.finetune(c, str(tmp_path / "run"))
+    labels = [r["label"] for r in finetune.load_rows(c.task)["eval"][0]]  # the mock's rows: seeded, the run's too
   results = json.loads((tmp_path / "run" / "eval_results.json").read_text(encoding="utf-8"))
   assert results["num_train"] == 48 and results["num_eval"] == 48 and results["steps_per_epoch"] == 3
+  predicted = [json.loads(l)["prediction"] for l in
+               (tmp_path / "run" / "predictions_eval.jsonl").read_text(encoding="utf-8").splitlines()]
+  assert len(predicted) == len(labels) == 48
+  expected = _metrics(predicted, labels)
   for m in metrics:
-    assert -1.0 <= results[m] <= 1.0, results
+    assert results[m] == pytest.approx(expected[m], abs=1e-6), (m, results, expected)
   # The test split is predicted, its -1 labels unread.
   assert len((tmp_path / "run" / "predictions_test.jsonl").read_text(encoding="utf-8").splitlines()) == 48
