@@ -1,8 +1,8 @@
 """Soak test of resuming: N random SIGKILLs and SIGTERMs during one tiny run, resumed each time by the same command,
 compared step by step with an uninterrupted run. Not in the test suite (about 10-15 minutes on 2 CPU cores for N=20).
 
-  python benchmarks/soak.py --kills=20                       # configs/tiny.py, 120 steps, a checkpoint every 10
-  python benchmarks/soak.py --kills=5 --steps=60 --workdir=/tmp/soak
+  python tests/soak.py --kills=20                       # configs/tiny.py, 120 steps, a checkpoint every 10
+  python tests/soak.py --kills=5 --steps=60 --workdir=/tmp/soak
 
 Each interruption waits until the run has logged a random step up to --checkpoint_every steps past the last one
 logged, then a random 0-0.3 s more (so some land in an asynchronous save), and sends SIGKILL or SIGTERM at random. Passes when every
