@@ -21,7 +21,7 @@ import transformers
 from absl import app, flags
 
 from electra_jax import bench  # defines --config, --steps and --warmup: the peer takes electra-bench's command line
-from electra_jax import modeling, objectives
+from electra_jax import masking, modeling
 from electra_jax.special_ids import SpecialIds
 
 FLAGS = flags.FLAGS
@@ -54,16 +54,16 @@ class Peer(torch.nn.Module):
     self.temperature = config.objective.temperature
 
   def mask(self, ids):
-    """objectives.mask_tokens in torch: top-P random scores among candidates, round(mask_prob·n) of them used."""
+    """masking.mask_tokens in torch: top-P random scores among candidates, round(mask_prob·n) of them used."""
     s = self.special
-    p = objectives.max_predictions(self.mask_prob, ids.shape[1])
+    p = masking.max_predictions(self.mask_prob, ids.shape[1])
     candidate = (ids != s.pad) & (ids != s.cls) & (ids != s.sep)
     n = candidate.sum(1)
     chosen = torch.where(n > 0, torch.clamp(torch.round(n * self.mask_prob), 1, p), 0)
     positions = torch.where(candidate, torch.rand(ids.shape, device=ids.device), -1.0).topk(p, dim=1).indices
     weights = torch.arange(p, device=ids.device)[None, :] < chosen[:, None]
     targets = ids.gather(1, positions)
-    replace = torch.rand(positions.shape, device=ids.device) < objectives.MASK_TOKEN_FRACTION
+    replace = torch.rand(positions.shape, device=ids.device) < masking.MASK_TOKEN_FRACTION
     values = torch.where(weights & replace, s.mask, targets)
     return ids.scatter(1, positions, values), positions, targets, weights
 

@@ -6,7 +6,7 @@
 Compiles the step (reports compile time and compiled.memory_analysis()), warms up, then times --steps steady-state
 steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
 [CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
-ones from the prepared dataset under --data_dir. FLOPs, TFLOP/s and MFU come from electra_jax.metrics. The last line
+ones from the prepared dataset under --data_dir. FLOPs, TFLOP/s and MFU come from electra_jax.flops. The last line
 of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, ...).
 """
 import json
@@ -82,7 +82,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   """Compile time, compiled memory and steady-state step time of `exp.step`: `steps` steps after `warmup`, with one
   block_until_ready at the end of the window (dispatch runs ahead of the device, as in training)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import metrics, objectives  # pylint: disable=g-import-not-at-top
+  from electra_jax import flops  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   state = exp.sharded.init(rng)
   batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()}
@@ -100,7 +100,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   seconds = time.perf_counter() - t0
   tokens = steps * config.train.batch_size * config.data.seq_len
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
-              **metrics.throughput(objectives.step_flops(exp.config), tokens, seconds))
+              **flops.throughput(flops.step_flops(exp.config), tokens, seconds))
 
 
 def time_pipeline(config, prepared, num_batches: int) -> dict:
@@ -125,7 +125,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import experiment, modeling, objectives, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax import experiment, flops, modeling, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()
@@ -152,7 +152,7 @@ def main():
                 attention_impl=exp.model.config.attention_impl,
                 attention_kernel=(modeling.fused_kernel(config.model.dtype) or "xla"
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
-                step_flops=objectives.step_flops(exp.config), jax=jax.__version__)
+                step_flops=flops.step_flops(exp.config), jax=jax.__version__)
 
   if _MEMORY_ONLY.value:
     rng = jax.random.key(config.train.seed)

@@ -1,13 +1,5 @@
-"""What a run reports: metrics.jsonl (one JSON object per logged step), TensorBoard scalars, and the FLOP/MFU
-accounting shared by training and the benchmark.
-
-FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
-  6 · N_matmul · tokens for each network's dense layers (embedding lookups are gathers, not matmuls),
-  + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
-  + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
-    (All-Tokens MLM applies it at every position).
-objectives.py composes these per objective.
-"""
+"""What a run reports: metrics.jsonl (one JSON object per logged step) and TensorBoard scalars, rewound to the step a
+resumed run starts from. Its throughput and MFU figures come from flops.py."""
 import json
 import os
 
@@ -15,49 +7,10 @@ import jax
 import numpy as np
 from etils import epath
 
-from electra_jax import modeling, storage
-
-# Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
-PEAK_FLOPS = {
-    "TPU v2": 22.5e12,
-    "TPU v3": 61.5e12,
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "NVIDIA H100": 989e12,
-    "NVIDIA H200": 989e12,
-    "NVIDIA A100": 312e12,
-    "Tesla V100": 125e12,
-}
+from electra_jax import storage
 
 TRAIN_FIELDS = ("step", "loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy", "replaced_fraction",
                 "learning_rate", "grad_norm", "tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")
-
-
-def peak_flops(device=None):
-  """The device's peak, or None where unknown (CPUs)."""
-  kind = (device or jax.devices()[0]).device_kind
-  return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
-
-
-def encoder_flops(mc: modeling.ModelConfig, e: modeling.EncoderConfig, batch: int, seq_len: int) -> float:
-  per_layer = 4 * e.hidden_size ** 2 + 2 * e.hidden_size * e.intermediate_size
-  matmul = e.num_layers * per_layer + (mc.embedding_size * e.hidden_size if mc.embedding_size != e.hidden_size else 0)
-  return 6 * matmul * batch * seq_len + 12 * e.num_layers * seq_len ** 2 * e.hidden_size * batch
-
-
-def mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> float:
-  return 6 * (hidden * mc.embedding_size + mc.embedding_size * mc.vocab_size) * positions
-
-
-def throughput(step_flops: float, tokens: int, seconds: float) -> dict:
-  """tokens/s, TFLOP/s per device and MFU (None where the peak is unknown) over `seconds`."""
-  per_device = step_flops / seconds / jax.device_count()
-  peak = peak_flops()
-  return dict(tokens_per_sec=tokens / seconds, tflops_per_device=per_device / 1e12,
-              mfu=None if peak is None else per_device / peak)
 
 
 def _jsonable(v):

@@ -7,7 +7,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, closing, experiment, objectives, preemption, weights
+from electra_jax import checkpoints, closing, experiment, flops, preemption, weights
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
@@ -45,7 +45,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lo
   workdir_lib.write_config(workdir, config)
   writer = metrics_lib.Writer(workdir, start)
   tokens_per_step = config.train.batch_size * config.data.seq_len
-  step_flops = objectives.step_flops(config)
+  step_flops = flops.step_flops(config)
 
   bar = tqdm(total=num_steps, initial=start, desc="pre-training", unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
@@ -68,7 +68,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lo
           scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
                      k in ("disc_loss", "disc_accuracy")}
           now = time.time()
-          scalars.update(metrics_lib.throughput(step_flops, tokens_per_step * (step - last_step), now - last_time))
+          scalars.update(flops.throughput(step_flops, tokens_per_step * (step - last_step), now - last_time))
           scalars.update(learning_rate=exp.schedule(step - 1), elapsed_s=now - t0)
           if eval_now:
             held_out = (input_pipeline.to_global(b, exp.sharded.batch)

@@ -1,4 +1,4 @@
-"""Masking, sampling and labels of objectives.py on many sequences."""
+"""Masking, sampling, losses and labels of the objectives on many sequences."""
 import functools
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from electra_jax import objectives
+from electra_jax import flops, losses, masking, objectives, sampling
 from electra_jax.special_ids import SpecialIds
 
 SPECIAL = SpecialIds()
@@ -29,13 +29,13 @@ def _batch(rng, batch=512, seq_len=128):
 @pytest.mark.parametrize("mask_prob", [0.15, 0.25])
 def test_masking_statistics(mask_prob):
   ids = _batch(np.random.default_rng(0))
-  m = objectives.mask_tokens(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB)
+  m = masking.mask_tokens(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB)
   ids, masked, pos, w = map(np.asarray, (ids, m.input_ids, m.positions, m.weights))
   chosen = np.zeros(ids.shape, bool)
   np.put_along_axis(chosen, pos, w > 0, axis=1)
   candidates = (ids != SPECIAL.pad) & (ids != SPECIAL.cls) & (ids != SPECIAL.sep)
   assert not (chosen & ~candidates).any(), "chose [CLS], [SEP] or padding"
-  assert (chosen.sum(1) <= objectives.max_predictions(mask_prob, ids.shape[1])).all()
+  assert (chosen.sum(1) <= masking.max_predictions(mask_prob, ids.shape[1])).all()
   assert abs(chosen.sum() / candidates.sum() - mask_prob) <= 0.01
   # Targets are the original ids at the chosen positions; nothing outside them changes.
   np.testing.assert_array_equal(np.take_along_axis(ids, pos, 1)[w > 0], m.targets[w > 0])
@@ -48,7 +48,7 @@ def test_masking_statistics(mask_prob):
 
 def test_bert_recipe_80_10_10():
   ids = _batch(np.random.default_rng(1))
-  m = objectives.mask_tokens(jax.random.key(1), ids, SPECIAL, 0.15, VOCAB, bert_recipe=True)
+  m = masking.mask_tokens(jax.random.key(1), ids, SPECIAL, 0.15, VOCAB, bert_recipe=True)
   w = np.asarray(m.weights) > 0
   new = np.take_along_axis(np.asarray(m.input_ids), np.asarray(m.positions), 1)[w]
   orig = np.asarray(m.targets)[w]
@@ -64,7 +64,7 @@ def test_sampling_follows_softmax_and_temperature(block):
   two-level inverse CDF cuts the vocabulary into blocks."""
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(3), (50,)) * 2)
   n = 40_000
-  sample = functools.partial(objectives.sample, block=block)
+  sample = functools.partial(sampling.sample, block=block)
   for temperature in (1.0, 2.0):
     want = np.asarray(jax.nn.softmax(jnp.log(probs) / temperature), np.float64)
     want /= want.sum()
@@ -84,7 +84,7 @@ def test_sampling_follows_softmax_and_temperature(block):
 def test_disc_loss_counts():
   logits = jnp.array([[3.0, -3.0, 3.0, -3.0]])
   labels = jnp.array([[True, True, False, False]])
-  loss, acc, counts = objectives.disc_loss(logits, labels, jnp.ones((1, 4)))
+  loss, acc, counts = losses.disc_loss(logits, labels, jnp.ones((1, 4)))
   assert float(acc) == pytest.approx(0.5)
   assert float(counts["disc_true_positives"]) == 1 and float(counts["disc_predicted_positives"]) == 2
   expected = -np.mean(np.log(jax.nn.sigmoid(np.array([3.0, -3.0, 3.0, -3.0]) * np.array([1, 1, -1, -1]))))
@@ -113,4 +113,4 @@ def test_uniform_replacement_trains_discriminator_alone():
   assert np.isfinite(float(loss)) and "mlm_loss" not in metrics
   electra = c.copy_and_resolve_references()
   electra.objective.name = "electra"
-  assert objectives.step_flops(c) < objectives.step_flops(electra)
+  assert flops.step_flops(c) < flops.step_flops(electra)

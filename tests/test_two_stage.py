@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from configs import tiny
-from electra_jax import experiment, metrics, objectives
+from electra_jax import experiment, flops, masking, two_stage
 
 SWITCH = 3  # two_stage_fraction=0.5 of 6 steps: steps 0-2 train G, step 3 copies G into D and starts stage 2
 
@@ -62,7 +62,7 @@ def test_stage1_trains_generator_alone(run):
 def test_switch_copies_generator_into_discriminator(run):
   exp, params, _, state = run
   before, after = params[SWITCH], params[SWITCH + 1]
-  copied = objectives.discriminator_from_generator(before)
+  copied = two_stage.discriminator_from_generator(before)
   assert copied["discriminator"] is before["generator"]
   assert copied["discriminator_embeddings"] is before["generator_embeddings"]
   assert _equal(_network(copied, "generator"), _network(before, "generator"))
@@ -110,14 +110,14 @@ def test_flops_average_the_two_stages(run):
   exp = run[0]
   c, mc = exp.config, exp.model.config
   batch, seq_len = c.train.batch_size, c.data.seq_len
-  stage1 = (metrics.encoder_flops(mc, mc.generator, batch, seq_len) +  # G training
-            metrics.mlm_head_flops(mc, mc.generator.hidden_size,
-                                   batch * objectives.max_predictions(c.objective.mask_prob, seq_len)))
+  stage1 = (flops.encoder_flops(mc, mc.generator, batch, seq_len) +  # G training
+            flops.mlm_head_flops(mc, mc.generator.hidden_size,
+                                 batch * masking.max_predictions(c.objective.mask_prob, seq_len)))
   electra = copy.deepcopy(c)
   electra.objective.name = "electra"
-  stage2 = objectives.step_flops(electra) - 2 / 3 * stage1  # G forward
+  stage2 = flops.step_flops(electra) - 2 / 3 * stage1  # G forward
   for f in (0.25, 0.5):
-    flops = objectives.step_flops(c, two_stage_fraction=f)
-    assert min(stage1, stage2) < flops < max(stage1, stage2)
-    assert flops == pytest.approx(f * stage1 + (1 - f) * stage2, rel=1e-12)
-  assert objectives.step_flops(c) == objectives.step_flops(c, two_stage_fraction=c.objective.two_stage_fraction)
+    step = flops.step_flops(c, two_stage_fraction=f)
+    assert min(stage1, stage2) < step < max(stage1, stage2)
+    assert step == pytest.approx(f * stage1 + (1 - f) * stage2, rel=1e-12)
+  assert flops.step_flops(c) == flops.step_flops(c, two_stage_fraction=c.objective.two_stage_fraction)

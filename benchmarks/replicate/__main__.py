@@ -7,7 +7,7 @@ Run it from the repository root (or with that on PYTHONPATH): configs/ and bench
 
 Every objective of the study (configs/studies/replicate.py) pre-trains the same discriminator on the same data for the
 same FLOPs: the budget is budget_steps steps of objective electra, each objective's step costs what
-electra_jax.objectives.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
+electra_jax.flops.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
 warm-up is a fixed fraction of them. Its checkpoints along the way and at the end are fine-tuned on the demo tasks with
 several seeds, beside benchmarks/finetune_demo.py's floors (random init of the same architecture; TF-IDF + logistic
 regression). Writes <workdir>/results.json, the Markdown report (--output) and its figures in the directory named like

@@ -4,7 +4,8 @@ import copy
 import json
 import math
 
-from electra_jax import objectives
+from electra_jax import flops as flops_lib
+from electra_jax import objectives, two_stage
 
 REFERENCE = "electra"  # budget_steps counts steps of this objective
 
@@ -27,20 +28,20 @@ def flops_counter(config):
   """step -> FLOPs of a run's first `step` steps. Two-stage's step_flops is the mean over its stages (G alone, then G's
   forward and D), so its checkpoints along the way are placed with each stage's own cost."""
   if config.objective.name != "two_stage":
-    per_step = objectives.step_flops(config)
+    per_step = flops_lib.step_flops(config)
     return lambda step: step * per_step
-  switch = objectives.two_stage_switch_step(config)
-  stage1, stage2 = objectives.step_flops(config, 1.0), objectives.step_flops(config, 0.0)
+  switch = two_stage.switch_step(config)
+  stage1, stage2 = flops_lib.step_flops(config, 1.0), flops_lib.step_flops(config, 0.0)
   return lambda step: min(step, switch) * stage1 + max(0, step - switch) * stage2
 
 
 def plan(study) -> tuple[float, dict, dict]:
   """(the FLOP budget, {objective: its pre-training config at that budget}, {objective: FLOPs of one step})."""
-  budget = study.budget_steps * objectives.step_flops(objective_config(study, REFERENCE))
+  budget = study.budget_steps * flops_lib.step_flops(objective_config(study, REFERENCE))
   configs, flops = {}, {}
   for name in names(study.objectives):
     c = objective_config(study, name)
-    flops[name] = objectives.step_flops(c)
+    flops[name] = flops_lib.step_flops(c)
     steps = max(1, round(budget / flops[name]))
     # Saves at every, 2·every, ... and the last step: num_checkpoints of them. None is ever deleted: an
     # interruption's extra save must not push out one that is still to be fine-tuned.

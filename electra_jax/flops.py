@@ -1,0 +1,83 @@
+"""FLOP accounting shared by training and the benchmark: one training step's FLOPs per objective, and the throughput,
+TFLOP/s and MFU they make over a measured time.
+
+FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
+  6 · N_matmul · tokens for each network's dense layers (embedding lookups are gathers, not matmuls),
+  + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
+  + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
+    (All-Tokens MLM applies it at every position).
+Each objective's registry entry (objectives.py) adds up these pieces (Costs).
+"""
+from typing import NamedTuple
+
+import jax
+import ml_collections
+
+from electra_jax import masking, modeling, objectives
+
+# Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
+PEAK_FLOPS = {
+    "TPU v2": 22.5e12,
+    "TPU v3": 61.5e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+    "Tesla V100": 125e12,
+}
+
+
+def peak_flops(device=None):
+  """The device's peak, or None where unknown (CPUs)."""
+  kind = (device or jax.devices()[0]).device_kind
+  return next((v for k, v in PEAK_FLOPS.items() if kind.startswith(k)), None)
+
+
+def encoder_flops(mc: modeling.ModelConfig, e: modeling.EncoderConfig, batch: int, seq_len: int) -> float:
+  per_layer = 4 * e.hidden_size ** 2 + 2 * e.hidden_size * e.intermediate_size
+  matmul = e.num_layers * per_layer + (mc.embedding_size * e.hidden_size if mc.embedding_size != e.hidden_size else 0)
+  return 6 * matmul * batch * seq_len + 12 * e.num_layers * seq_len ** 2 * e.hidden_size * batch
+
+
+def mlm_head_flops(mc: modeling.ModelConfig, hidden: int, positions: int) -> float:
+  return 6 * (hidden * mc.embedding_size + mc.embedding_size * mc.vocab_size) * positions
+
+
+class Costs(NamedTuple):
+  """FLOPs of the pieces of one training step that the objectives add up."""
+  generator: float  # G's encoder and MLM head at the masked positions, trained
+  discriminator: float  # D's encoder
+  rtd_head: float  # D's replaced-token head over every token
+  d_mlm_masked: float  # D's MLM head at the masked positions
+  d_mlm_all: float  # D's MLM head at every position, and the copy gate
+  stage_fraction: float  # two_stage_fraction
+
+
+def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
+  """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
+  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's)."""
+  mc = modeling.ModelConfig.from_config(config)
+  d, g = mc.discriminator, mc.generator
+  batch, seq_len = config.train.batch_size, config.data.seq_len
+  masked = batch * masking.max_predictions(config.objective.mask_prob, seq_len)
+  f = config.objective.two_stage_fraction if two_stage_fraction is None else two_stage_fraction
+  costs = Costs(
+      generator=encoder_flops(mc, g, batch, seq_len) + mlm_head_flops(mc, g.hidden_size, masked),
+      discriminator=encoder_flops(mc, d, batch, seq_len),
+      rtd_head=6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len,
+      d_mlm_masked=mlm_head_flops(mc, d.hidden_size, masked),
+      d_mlm_all=mlm_head_flops(mc, d.hidden_size, batch * seq_len) + 6 * d.hidden_size ** 2 * batch * seq_len,
+      stage_fraction=f)
+  return objectives.get(config.objective.name).flops(costs)
+
+
+def throughput(step_flops: float, tokens: int, seconds: float) -> dict:
+  """tokens/s, TFLOP/s per device and MFU (None where the peak is unknown) over `seconds`."""
+  per_device = step_flops / seconds / jax.device_count()
+  peak = peak_flops()
+  return dict(tokens_per_sec=tokens / seconds, tflops_per_device=per_device / 1e12,
+              mfu=None if peak is None else per_device / peak)
