@@ -1,46 +1,65 @@
-"""The fine-tuned model as an HF transformers directory that AutoModelForSequenceClassification loads: an
-ElectraForSequenceClassification's model.safetensors and config.json (num_labels, id2label/label2id from our label
-names, problem_type) and the tokenizer (hf/tokenizer.py). Written whole or not at all (storage.staged_dir)."""
+"""The fine-tuned model as an HF transformers directory: model.safetensors, config.json and the tokenizer
+(hf/tokenizer.py), of the class its head makes it:
+
+  Classifier         ElectraForSequenceClassification (AutoModelForSequenceClassification): id2label/label2id from
+                     the label names and problem_type single_label_classification; without names, 1 label, regression
+  TokenClassifier    ElectraForTokenClassification (AutoModelForTokenClassification): id2label/label2id, tag names
+  QuestionAnswering  ElectraForQuestionAnswering (AutoModelForQuestionAnswering)
+
+Written whole or not at all (storage.staged_dir)."""
 import os
 
 import jax
+import numpy as np
+from flax import traverse_util
 
 from electra_jax import modeling, storage
 from electra_jax.hf import convert as hf_convert
 from electra_jax.hf import directory as hf_directory
 from electra_jax.hf import tokenizer as hf_tokenizer
 
-# The head's two dense layers have the places of the discriminator head's in hf/convert.py's mapping.
-_HEAD_NAMES = {"discriminator_predictions.dense.": "classifier.dense.",
-               "discriminator_predictions.dense_prediction.": "classifier.out_proj."}
+
+def architecture(params) -> str:
+  """The HF class of a fine-tuned model's params, told by its head (finetune/model.py)."""
+  if "qa_outputs" in params:
+    return "ElectraForQuestionAnswering"
+  return "ElectraForTokenClassification" if "kernel" in params["classifier"] else "ElectraForSequenceClassification"
 
 
 def state_dict(model_config: modeling.ModelConfig, params) -> dict:
-  """HF names → float32 arrays of a Classifier's params (model_config: its shared-embedding config): the encoder as
-  hf/convert.py maps the discriminator (electra.*), the head as classifier.dense / classifier.out_proj."""
-  head = params["classifier"]
-  as_pretraining = dict(embeddings=params["electra"]["embeddings"], discriminator=params["electra"]["discriminator"],
-                        discriminator_head=dict(dense=head["dense"], dense_prediction=head["out_proj"]))
-  out = {}
-  for name, value in hf_convert.to_hf_state_dict(model_config, as_pretraining, "discriminator").items():
-    prefix = next((p for p in _HEAD_NAMES if name.startswith(p)), None)
-    out[_HEAD_NAMES[prefix] + name[len(prefix):] if prefix else name] = value
+  """HF names → float32 arrays of a fine-tuned model's params (model_config: its shared-embedding config): the
+  encoder as hf/convert.py maps the discriminator (electra.*), and every dense layer of the head under its own path,
+  which our heads name as HF does (classifier.dense and classifier.out_proj; classifier; qa_outputs)."""
+  encoder = params["electra"]
+  out = hf_convert.to_hf_state_dict(
+      model_config, dict(embeddings=encoder["embeddings"], discriminator=encoder["discriminator"]), "discriminator")
+  head = traverse_util.flatten_dict(jax.device_get({k: v for k, v in params.items() if k != "electra"}))
+  for path, value in head.items():
+    value = np.asarray(value, np.float32)
+    kernel = path[-1] == "kernel"  # Flax's [in, out] is torch's weight [out, in]
+    out[".".join(path[:-1]) + (".weight" if kernel else ".bias")] = np.ascontiguousarray(value.T if kernel else value)
   return out
 
 
 def save(model_config: modeling.ModelConfig, params, names: list[str] | None, tokenizer_path: str, pad_id: int,
          out: str):
-  """Writes `out` (local or gs://) from process 0; `names` are the label names, None for regression."""
+  """Writes `out` (local or gs://) from process 0; `names` are the label (tag) names: None for regression and QA."""
   if jax.process_index() != 0:
     return
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  labels = (dict(num_labels=1, problem_type="regression") if names is None else
-            dict(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
-                 problem_type="single_label_classification"))
+  kind = architecture(params)
+  if kind == "ElectraForQuestionAnswering":
+    labels = {}  # ElectraConfig's default num_labels=2: start and end
+  elif names is None:
+    labels = dict(num_labels=1, problem_type="regression")
+  else:
+    labels = dict(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    if kind == "ElectraForSequenceClassification":
+      labels["problem_type"] = "single_label_classification"
   with storage.staged_dir(out, last="config.json") as tmp:
     save_file(state_dict(model_config, params), os.path.join(tmp, hf_directory.WEIGHTS_FILE),
               metadata={"format": "pt"})
     config = hf_convert.hf_config(model_config, "discriminator", pad_id, **labels)
-    config.architectures = ["ElectraForSequenceClassification"]
+    config.architectures = [kind]
     config.save_pretrained(tmp)
     hf_tokenizer.save_tokenizer(tokenizer_path, tmp, model_config.max_position_embeddings)

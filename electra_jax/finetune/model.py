@@ -1,5 +1,12 @@
-"""The fine-tuned model: the discriminator's encoder with ELECTRA's classification head, where its encoder weights
-come from, and AdamW with layer-wise LR decay."""
+"""The fine-tuned models: the discriminator's encoder ("electra") with a task head named as in HF transformers, where
+the encoder weights come from, and AdamW with layer-wise LR decay.
+
+  Classifier          [B, num_labels] from the [CLS] state  (ElectraForSequenceClassification; 1 label: regression)
+  TokenClassifier     [B, L, num_labels], one per piece      (ElectraForTokenClassification)
+  QuestionAnswering   [B, L, 2]: start and end logits        (ElectraForQuestionAnswering, num_labels=2)
+
+Each is built as MODELS[task.type](model_config, num_labels) and called as model(input_ids, segment_ids,
+deterministic=...), float32 logits out."""
 import re
 
 import flax.linen as nn
@@ -30,6 +37,11 @@ class ClassificationHead(nn.Module):
     return modeling.dense(c, self.num_labels, ("mlp", None), "out_proj")(h).astype(jnp.float32)
 
 
+def _encode(config: modeling.ModelConfig, input_ids, segment_ids, deterministic: bool):
+  """The discriminator's final hidden states, from submodule "electra" of the module whose compact call this is."""
+  return modeling.Electra(config, name="electra").encode(input_ids, segment_ids, deterministic=deterministic)
+
+
 class Classifier(nn.Module):
   """The discriminator's encoder ("electra") and the classification head ("classifier") on its [CLS] state."""
   config: modeling.ModelConfig
@@ -37,8 +49,37 @@ class Classifier(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, *, deterministic: bool = True):
-    h = modeling.Electra(self.config, name="electra").encode(input_ids, segment_ids, deterministic=deterministic)
+    h = _encode(self.config, input_ids, segment_ids, deterministic)
     return ClassificationHead(self.config, self.num_labels, name="classifier")(h[:, 0], deterministic=deterministic)
+
+
+class TokenClassifier(nn.Module):
+  """The encoder, then dropout → dense(num_labels) ("classifier") at every position, as HF's
+  ElectraForTokenClassification (its classifier_dropout is unset: the hidden dropout rate)."""
+  config: modeling.ModelConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, *, deterministic: bool = True):
+    h = _encode(self.config, input_ids, segment_ids, deterministic)
+    h = modeling.Dropout(self.config.dropout_rate)(h, deterministic=deterministic)
+    return modeling.dense(self.config, self.num_labels, ("hidden", None), "classifier")(h).astype(jnp.float32)
+
+
+class QuestionAnswering(nn.Module):
+  """The encoder, then dense(2) ("qa_outputs") at every position, no dropout, as HF's ElectraForQuestionAnswering:
+  [..., 0] the start logits, [..., 1] the end logits."""
+  config: modeling.ModelConfig
+  num_labels: int = 2
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, *, deterministic: bool = True):
+    h = _encode(self.config, input_ids, segment_ids, deterministic)
+    return modeling.dense(self.config, self.num_labels, ("hidden", None), "qa_outputs")(h).astype(jnp.float32)
+
+
+MODELS = {"classification": Classifier, "regression": Classifier, "token_classification": TokenClassifier,
+          "qa": QuestionAnswering}
 
 
 def lr_multiplier(path, num_layers: int, decay: float) -> float:

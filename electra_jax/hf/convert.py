@@ -64,9 +64,11 @@ def _leaf_pairs(encoder: modeling.EncoderConfig, model_config: modeling.ModelCon
 
 
 def to_hf_state_dict(model_config: modeling.ModelConfig, params, net: str) -> dict:
-  """HF state dict (name → float32 numpy) of `net`."""
-  flat = traverse_util.flatten_dict(jax.device_get(network_params(model_config, params, net)))
-  pairs = list(_leaf_pairs(getattr(model_config, net), model_config, net))
+  """HF state dict (name → float32 numpy) of `net`; without its head when params have none (a fine-tuned encoder)."""
+  network = network_params(model_config, params, net)
+  flat = traverse_util.flatten_dict(jax.device_get({k: v for k, v in network.items() if v is not None}))
+  pairs = [p for p in _leaf_pairs(getattr(model_config, net), model_config, net)
+           if network["head"] is not None or p[0][0] != "head"]
   unmapped = set(flat) - {p for p, _, _ in pairs}
   if unmapped:
     raise ValueError(f"{net} parameters with no HF name: {sorted(unmapped)}")
