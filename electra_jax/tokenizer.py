@@ -9,8 +9,10 @@ import os
 import re
 from typing import Iterable
 
+import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_model
+from sentencepiece import sentencepiece_pb2
 from etils import epath
 
 from electra_jax import storage
@@ -58,6 +60,29 @@ class Tokenizer:
     if self._sp is not None:
       return self._sp.encode(texts)
     return [e.ids for e in self.wordpiece.encode_batch(texts, add_special_tokens=False)]
+
+  def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """encode_batch's ids, each with its piece's (begin, end) character span in the text, less the whitespace a
+    SentencePiece "▁word" piece counts in: an answer or a word is found in the text from these. Byte-fallback pieces
+    of one character and a lone "▁" may have empty spans."""
+    if self._sp is None:
+      encoded = [(e.ids, e.offsets) for e in self.wordpiece.encode_batch(texts, add_special_tokens=False)]
+    else:
+      encoded = []  # SentencePiece gives UTF-8 byte offsets (in every 0.2.x): mapped to characters
+      for text, proto in zip(texts, self._sp.encode(texts, out_type="serialized_proto")):
+        pieces = sentencepiece_pb2.SentencePieceText.FromString(proto).pieces
+        char_at = np.cumsum([0] + [len(c.encode("utf-8")) for c in text])  # byte offset of each character
+        spans = np.searchsorted(char_at, [(p.begin, p.end) for p in pieces]).reshape(-1, 2)
+        encoded.append(([p.id for p in pieces], spans.tolist()))
+    out = []
+    for text, (ids, spans) in zip(texts, encoded):
+      trimmed = []
+      for begin, end in spans:
+        while begin < end and text[begin].isspace():
+          begin += 1
+        trimmed.append((begin, end))
+      out.append((list(ids), trimmed))
+    return out
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]

@@ -3,9 +3,12 @@
 
   config.py         the config schema (base_config)
   tasks.py          task data, splits, encoding, metrics
-  model.py          the classifier, where its encoder comes from, the optimiser
+  token_tasks.py    token classification (NER-style tagging): CoNLL-style data, first-piece tags, entity metrics
+  qa.py             extractive QA: SQuAD JSON, doc-stride windows, answer spans, exact match and F1
+  model.py          the classifier, tagger and QA heads, where their encoder comes from, the optimiser
   loop.py           the loop: evaluation, model selection, checkpoints, resume
-  hf_classifier.py  the best model as an HF ElectraForSequenceClassification directory
+  hf_classifier.py  the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
+                    directory
   __main__.py       the command line
 """
 from electra_jax.finetune.config import base_config

