@@ -124,8 +124,10 @@ def encode(tok: tokenizer_lib.Tokenizer, rows: list[dict], seq_len: int, doc_str
   s = tok.special_ids
   ids, seg, labels, owner, offsets = [], [], [], [], []
   questions = tok.encode_batch([r["question"] for r in rows])
-  contexts = tok.encode_with_offsets([r["context"] for r in rows])
-  for r, (row, question, (pieces, spans)) in enumerate(zip(rows, questions, contexts)):
+  unique = list(dict.fromkeys(r["context"] for r in rows))  # SQuAD asks several questions of each paragraph
+  contexts = dict(zip(unique, tok.encode_with_offsets(unique)))
+  for r, (row, question) in enumerate(zip(rows, questions)):
+    pieces, spans = contexts[row["context"]]
     question = question[:max_query_length]
     first = len(question) + 2  # the position of a window's first context piece
     window = seq_len - 1 - first
