@@ -24,13 +24,13 @@ demo: venv
 	XLA_FLAGS= $(PY) -m electra_jax.prepare --config=configs/demo.py
 	XLA_FLAGS= $(PY) -m electra_jax.pretrain --config=configs/demo.py --workdir=$(WORKDIR)
 	XLA_FLAGS= $(PY) -m electra_jax.export --workdir=$(WORKDIR) --output=$(WORKDIR)/export --overwrite
-	XLA_FLAGS= $(PY) benchmarks/finetune_demo.py --init_from=$(WORKDIR)/export --pretraining=$(WORKDIR) \
+	XLA_FLAGS= $(PY) studies/finetune_demo.py --init_from=$(WORKDIR)/export --pretraining=$(WORKDIR) \
 	  --tasks=sentiment --seeds=0 --workdir=$(WORKDIR)/finetune --output=$(WORKDIR)/summary.md
 
 # The paper's objective ablation at equal compute on the demo's data (prepared by the script, as by `make demo`);
 # writes docs/replication.md and docs/replication/*.png. Running it again continues an interrupted study.
 replicate: venv
-	XLA_FLAGS= $(PY) -m benchmarks.replicate --config=configs/studies/replicate.py --workdir=runs/replicate \
+	XLA_FLAGS= $(PY) -m studies.replicate --config=configs/studies/replicate.py --workdir=runs/replicate \
 	  --output=docs/replication.md
 
 test: venv

@@ -16,7 +16,7 @@ OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps tha
             --pretrain_minutes at the bench's step time, evaluating held-out D ROC AUC about every 2 minutes, and
             SIGTERM at the deadline (the trainer saves that step and exits)
   export    electra-export of OUTPUT/pretrain to OUTPUT/export
-  finetune  benchmarks/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
+  finetune  studies/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
 
 OUTPUT/results.json holds each step's status, seconds, commands and figures, written after every step;
 OUTPUT/summary.md the same as tables. Running again with --steps=a,b re-runs those steps (pretrain starts over) and
@@ -278,7 +278,7 @@ def main(argv):
   def finetune():
     small = ["--tasks=sentiment", "--labels=64", "--epochs=1"] if dry else []
     shutil.rmtree(out / "finetune", ignore_errors=True)  # no results of an earlier run among this one's
-    r = checked(run.command("finetune", [py, str(ROOT / "benchmarks" / "finetune_demo.py"), f"--init_from={export}",
+    r = checked(run.command("finetune", [py, str(ROOT / "studies" / "finetune_demo.py"), f"--init_from={export}",
                                          f"--pretraining={workdir}", f"--seeds={','.join(FLAGS.finetune_seeds)}",
                                          f"--workdir={out / 'finetune'}", f"--output={out / 'finetune.md'}",
                                          *small]))

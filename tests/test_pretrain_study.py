@@ -1,11 +1,11 @@
-"""benchmarks/pretrain_study.py: recipes are the baseline plus their overrides, and the report reads real runs."""
+"""studies/pretrain_study.py: recipes are the baseline plus their overrides, and the report reads real runs."""
 import copy
 
 import numpy as np
 import pytest
 from sklearn import metrics
 
-from benchmarks import pretrain_study as study_lib
+from studies import pretrain_study as study_lib
 from configs.studies import pretrain_study
 from electra_jax import experiment, train
 from electra_jax.data import input_pipeline

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.replicate` end to end on the tiny study (configs/studies/replicate.py:tiny, two objectives):
+"""`python -m studies.replicate` end to end on the tiny study (configs/studies/replicate.py:tiny, two objectives):
 equal FLOPs, pre-training, fine-tuning along the way, the report and its figures; running it again reuses every run.
 And the gpu scale's plan is a valid study."""
 import json
@@ -17,7 +17,7 @@ TASKS = ("sentiment", "trec")
 
 def _replicate(*args: str) -> str:
   env = dict(os.environ, PYTHONPATH=ROOT)  # conftest's XLA_FLAGS (8 devices) are inherited
-  out = subprocess.run([sys.executable, "-m", "benchmarks.replicate", *args], env=env, cwd=ROOT, capture_output=True,
+  out = subprocess.run([sys.executable, "-m", "studies.replicate", *args], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
   return out.stdout

@@ -64,7 +64,8 @@ def test_no_private_names_across_modules():
   """`module._name` where module is one of ours (imported under any alias), anywhere in the project's code."""
   ours = {p.stem for p in PACKAGE.rglob("*.py")} | {"finetune", "hf"}
   offenders = []
-  for path in [*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "tests").glob("*.py")]:
+  for path in [*PACKAGE.rglob("*.py"), *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("studies/**/*.py"),
+               *(ROOT / "tests").glob("*.py")]:
     aliases = set()
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("electra_jax"):

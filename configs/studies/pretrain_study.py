@@ -1,9 +1,9 @@
 """The pre-training recipe study: short runs of the demo's model and data, one per recipe, compared by how fast the
 discriminator learns (held-out ROC AUC, replaced-token recall) and the generator's MLM accuracy.
 
-  python benchmarks/pretrain_study.py --config=configs/studies/pretrain_study.py              # run (resumes), report
-  python benchmarks/pretrain_study.py --config=configs/studies/pretrain_study.py --config.recipes=lr1e-3,lr3e-4
-  python benchmarks/pretrain_study.py --config=configs/studies/pretrain_study.py --time_only  # quiet step times only
+  python studies/pretrain_study.py --config=configs/studies/pretrain_study.py              # run (resumes), report
+  python studies/pretrain_study.py --config=configs/studies/pretrain_study.py --config.recipes=lr1e-3,lr3e-4
+  python studies/pretrain_study.py --config=configs/studies/pretrain_study.py --time_only  # quiet step times only
 
 Every recipe is BASELINE plus its overrides, and runs the same number of steps; minutes are steps times the
 recipe's step time, measured alone (--time_only, or before each run), so runs that shared the machine compare fairly.

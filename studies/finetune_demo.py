@@ -1,7 +1,7 @@
 """The judge of a pre-trained discriminator: fine-tuned against random init of the same architecture and tokenizer and
 a TF-IDF + logistic-regression floor, on the demo tasks, with every label or with few.
 
-  python benchmarks/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec] [--seeds=0,1,2] \
+  python studies/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec] [--seeds=0,1,2] \
       [--labels=0,2000,500] [--epochs=N] [--workdir=runs/finetune_demo] [--output=docs/finetuning.md]
 
 For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 = every
@@ -167,7 +167,7 @@ def main(argv):
            "and TF-IDF word 1-2-grams + logistic regression. Each fine-tuning run has the same budget and reports "
            f"the eval split at the epoch best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are the "
            "median (min-max) over seeds.", "",
-           "    python benchmarks/finetune_demo.py " + " ".join(
+           "    python studies/finetune_demo.py " + " ".join(
                f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("tasks", ",".join(_TASKS.value)),
                                          ("seeds", ",".join(_SEEDS.value)), ("labels", ",".join(_LABELS.value)),
                                          ("epochs", _EPOCHS.value)) if v), "",
@@ -190,7 +190,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Flags only when run as a script: benchmarks/replicate/ imports the helpers above beside flags of its own.
+  # Flags only when run as a script: studies/replicate/ imports the helpers above beside flags of its own.
   _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
   _PRETRAINING = flags.DEFINE_string("pretraining", None, "The pre-training workdir whose learning curves the report "
                                      "shows (default: init_from, when it is one).")

@@ -5,8 +5,8 @@ import statistics
 
 from scipy import stats
 
-from benchmarks import finetune_demo
-from benchmarks.replicate.run import RANDOM, TFIDF, duration
+from studies import finetune_demo
+from studies.replicate.run import RANDOM, TFIDF, duration
 
 LABELS = {"electra": "ELECTRA", "all_tokens_mlm": "All-Tokens MLM", "replace_mlm": "Replace MLM",
           "electra_15": "ELECTRA 15%", "mlm": "BERT (MLM)", "two_stage": "Two-stage"}

@@ -4,8 +4,8 @@ import statistics
 
 from matplotlib.figure import Figure  # no pyplot: nothing is shown, and no global backend is set
 
-from benchmarks.replicate.report import LABELS, median
-from benchmarks.replicate.run import RANDOM, TFIDF
+from studies.replicate.report import LABELS, median
+from studies.replicate.run import RANDOM, TFIDF
 
 
 def plot(results: dict, directory: str) -> dict:

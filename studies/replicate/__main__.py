@@ -1,15 +1,15 @@
 r"""`make replicate`: ELECTRA's central result (Clark et al. 2020: Table 5, and Two-stage from Fig. 3) in miniature.
 
-  python -m benchmarks.replicate [--config=configs/studies/replicate.py[:cpu|gpu|tiny]] [--workdir=runs/replicate] \
+  python -m studies.replicate [--config=configs/studies/replicate.py[:cpu|gpu|tiny]] [--workdir=runs/replicate] \
       [--output=docs/replication.md] [--config.objectives=electra,mlm] [--config.budget_steps=N] [--plan_only] ...
 
-Run it from the repository root (or with that on PYTHONPATH): configs/ and benchmarks/ import as packages.
+Run it from the repository root (or with that on PYTHONPATH): configs/ and studies/ import as packages.
 
 Every objective of the study (configs/studies/replicate.py) pre-trains the same discriminator on the same data for the
 same FLOPs: the budget is budget_steps steps of objective electra, each objective's step costs what
 electra_jax.flops.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
 warm-up is a fixed fraction of them. Its checkpoints along the way and at the end are fine-tuned on the demo tasks with
-several seeds, beside benchmarks/finetune_demo.py's floors (random init of the same architecture; TF-IDF + logistic
+several seeds, beside studies/finetune_demo.py's floors (random init of the same architecture; TF-IDF + logistic
 regression). Writes <workdir>/results.json, the Markdown report (--output) and its figures in the directory named like
 the report without .md.
 
@@ -30,8 +30,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from benchmarks import finetune_demo
-from benchmarks.replicate import plan, plot, report, run
+from studies import finetune_demo
+from studies.replicate import plan, plot, report, run
 from electra_jax import prepare, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def main(argv):
     json.dump(results, f, indent=1)
   figures = plot.plot(results, os.path.splitext(output)[0])
   figures = {k: os.path.relpath(v, os.path.dirname(os.path.abspath(output))) for k, v in figures.items()}
-  command = " ".join(["python -m benchmarks.replicate"] + [shlex.quote(a) for a in sys.argv[1:]])
+  command = " ".join(["python -m studies.replicate"] + [shlex.quote(a) for a in sys.argv[1:]])
   text = report.report(results, study, command, results["machine"], figures)
   pathlib.Path(output).write_text(text, encoding="utf-8")
   print(text, flush=True)

@@ -4,8 +4,8 @@ import json
 import os
 import time
 
-from benchmarks import finetune_demo
-from benchmarks.replicate import plan
+from studies import finetune_demo
+from studies.replicate import plan
 from electra_jax import workdir as workdir_lib
 from electra_jax import finetune as finetune_lib
 from electra_jax import storage, train

@@ -1,1 +1,0 @@
-"""`make replicate`: the paper's objective ablation at equal FLOPs; run it as `python -m benchmarks.replicate`."""

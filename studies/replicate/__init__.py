@@ -1,0 +1,1 @@
+"""`make replicate`: the paper's objective ablation at equal FLOPs; run it as `python -m studies.replicate`."""
