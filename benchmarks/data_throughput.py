@@ -19,7 +19,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import demo, small  # pylint: disable=g-import-not-at-top,wrong-import-position
-from electra_jax import prepare  # pylint: disable=g-import-not-at-top,wrong-import-position
+from electra_jax.data import build  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BATCHES = flags.DEFINE_integer("batches", 300, "Batches to time per shape and parser (after 10 warm-up batches).")
@@ -58,7 +58,7 @@ def _rate(reader, batch_size: int, batches: int) -> float:
 def _prepare(config, data_dir):
   config.data.data_dir = data_dir
   start = time.time()
-  prepared = prepare.prepare(config)
+  prepared = build.build(config)
   return prepared, time.time() - start
 
 

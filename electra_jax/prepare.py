@@ -7,70 +7,11 @@
 Re-running with the same inputs does nothing; changed inputs are rebuilt. With --config.train.init_from (continued
 pre-training), that model's tokenizer is kept instead of training one. See docs/data.md.
 """
-import os
-import tempfile
-
-from absl import logging
-from etils import epath
 from ml_collections import config_flags
 
 from electra_jax import cli
-from electra_jax import packages
-from electra_jax import storage
-from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import build
 from electra_jax.data import prepared
-
-
-def _identity(corpus, tok) -> dict:
-  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path)}
-
-
-def prepare(config) -> prepared.PreparedData:
-  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs."""
-  packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
-  from electra_jax import weights  # pylint: disable=g-import-not-at-top  (jax and flax: only here)
-  config = weights.with_init_tokenizer(config)
-  from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
-  from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  data = config.data
-  corpus = corpus_lib.Corpus.from_config(data)
-  tok_path = prepared.tokenizer_path(config)
-  if not epath.Path(tok_path).exists():
-    if data.tokenizer:
-      raise FileNotFoundError(f"data.tokenizer: no such file: {tok_path}")
-    logging.info("Training a %d-piece SentencePiece model on %s", data.vocab_size, corpus.description)
-    tokenizer_lib.train_sentencepiece(corpus.lines(), tok_path, data.vocab_size, data.tokenizer_sentences,
-                                      data.num_workers or None, source=f"the corpus ({corpus.description})")
-  tok = tokenizer_lib.Tokenizer(tok_path)
-  tok.check_vocab_size(data.vocab_size)
-
-  identity = _identity(corpus, tok)
-  path = epath.Path(prepared.dataset_dir(config))
-  if (path / "dataset_info.json").exists():
-    if prepared.metadata(os.fspath(path)).get("identity") == identity:
-      logging.info("Already prepared: %s", path)
-      return prepared.load(config)
-    logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
-    path.rmtree()
-  tfds.disable_progress_bar()  # ours has an ETA
-  # ArrayRecord's writer takes local paths only: a gs:// dataset is built in a local directory, then uploaded with
-  # dataset_info.json (what `load` looks for) last.
-  remote = storage.is_remote(data.data_dir)
-  with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
-    builder = pretraining.ElectraPretraining(
-        config=pretraining.PretrainingConfig(
-            name=prepared.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
-            validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
-            identity=identity),
-        data_dir=local if remote else data.data_dir)
-    with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
-      builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
-                                   download_config=tfds.download.DownloadConfig(num_shards=data.num_shards or None))
-    if remote:
-      storage.copy_tree(builder.data_path, path, last="dataset_info.json")
-  return prepared.load(config)
 
 
 def _report(data: prepared.PreparedData, seq_len: int):
@@ -86,7 +27,7 @@ def run():
   # Flags are defined here, not at import: train.py imports this module as a library next to electra-pretrain's flags.
   config = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings "
                                            "say what to prepare and where.", lock_config=True)
-  cli.run("electra-prepare", __doc__, lambda: _report(prepare(config.value), config.value.data.seq_len), [config],
+  cli.run("electra-prepare", __doc__, lambda: _report(build.build(config.value), config.value.data.seq_len), [config],
           required=["config"])
 
 

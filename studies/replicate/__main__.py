@@ -32,7 +32,8 @@ from ml_collections import config_flags
 
 from studies import finetune_demo
 from studies.replicate import plan, plot, report, run
-from electra_jax import prepare, sharding
+from electra_jax import sharding
+from electra_jax.data import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def main(argv):
     # The fine-tuning runs of a task all compile the same programs (a resumed pre-training its own): compile once.
     jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    prepare.prepare(study.pretrain)  # a no-op when prepared (cpu: by `make demo` too)
+    build.build(study.pretrain)  # a no-op when prepared (cpu: by `make demo` too)
     results = run.run_study(study, workdir, budget, configs, flops)
   except (ValueError, OSError) as e:  # bad input, e.g. a workdir holding another study's run: one line
     raise SystemExit(f"error: {e}") from None
