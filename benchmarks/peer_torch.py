@@ -20,11 +20,12 @@ import torch
 import transformers
 from absl import app, flags
 
-from electra_jax import bench  # defines --config, --steps and --warmup: the peer takes electra-bench's command line
+from electra_jax import bench
 from electra_jax import masking, modeling
 from electra_jax.special_ids import SpecialIds
 
 FLAGS = flags.FLAGS
+bench.define_flags()  # the peer takes electra-bench's command line
 _COMPILE = flags.DEFINE_bool("compile", False, "torch.compile the loss (forward and, through AOTAutograd, backward).")
 _COMPILE_BACKEND = flags.DEFINE_string("compile_backend", "inductor", "torch.compile's backend with --compile "
                                        "(aot_eager traces without generating code: a quick check of the path).")

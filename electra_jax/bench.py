@@ -19,19 +19,22 @@ from ml_collections import config_flags
 
 from electra_jax import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True)
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps.")
-_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets "
-                                "config.data.data_dir; needs TensorFlow); default: synthetic ids.")
-_PIPELINE = flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data "
-                              "(--data_dir or config.data.data_dir).")
-_PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline.")
-_MEMORY_ONLY = flags.DEFINE_bool("memory_only", False, "Only lower and compile the step and report its memory.")
-_SHARDS = flags.DEFINE_integer("shards", 1, "With --memory_only: compile for one device's share of the global batch "
-                               "split over this many devices (8 for a v3-8), data parallel.")
-
 NUM_BATCHES = 4  # distinct device-resident batches cycled through the timed window
+
+
+def define_flags():
+  return [
+      config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True),
+      flags.DEFINE_integer("steps", 10, "Timed steps."),
+      flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling."),
+      flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets config.data.data_dir; "
+                          "needs TensorFlow); default: synthetic ids."),
+      flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data (--data_dir or "
+                        "config.data.data_dir)."),
+      flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
+      flags.DEFINE_bool("memory_only", False, "Only lower and compile the step and report its memory."),
+      flags.DEFINE_integer("shards", 1, "With --memory_only: compile for one device's share of the global batch split "
+                           "over this many devices (8 for a v3-8), data parallel.")]
 
 
 def config_name() -> str:
@@ -122,28 +125,27 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
               pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
 
 
-def main():
+def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_only, shards):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from electra_jax import experiment, flops, modeling, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()
-  config = _CONFIG.value
   name = config_name()
-  if _DATA_DIR.value:
-    config.data.data_dir = _DATA_DIR.value
+  if data_dir:
+    config.data.data_dir = data_dir
   prepared = None
-  if _DATA_DIR.value or _PIPELINE.value:
+  if data_dir or pipeline:
     from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top
     prepared = prepared_lib.load(config)
   special = prepared.special_ids if prepared else SpecialIds()
   device = jax.devices()[0]
-  devices = [device] if _MEMORY_ONLY.value else None
-  if _MEMORY_ONLY.value:
-    if config.train.batch_size % _SHARDS.value:
-      raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={_SHARDS.value}")
-    config.train.batch_size //= _SHARDS.value
+  devices = [device] if memory_only else None
+  if memory_only:
+    if config.train.batch_size % shards:
+      raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={shards}")
+    config.train.batch_size //= shards
   exp = experiment.create(config, special, devices=devices)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
   result = dict(config=name, device=device.device_kind, platform=device.platform,
@@ -154,24 +156,24 @@ def main():
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=flops.step_flops(exp.config), jax=jax.__version__)
 
-  if _MEMORY_ONLY.value:
+  if memory_only:
     rng = jax.random.key(config.train.seed)
     state = jax.eval_shape(exp.sharded.init, rng)
     t0 = time.perf_counter()
     shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.sharded.batch)
     compiled = exp.step.lower(state, {"input_ids": shapes, "segment_ids": shapes}, rng).compile()
-    result.update(compile_s=time.perf_counter() - t0, shards=_SHARDS.value, **memory_report(compiled))
+    result.update(compile_s=time.perf_counter() - t0, shards=shards, **memory_report(compiled))
     if device.platform == "cpu":
       result["note"] = "XLA:CPU compile: an estimate of an accelerator's buffer assignment, not a measurement"
     print(json.dumps(result))
     return
 
-  result.update(time_steps(exp, config, special, prepared, _STEPS.value, _WARMUP.value))
+  result.update(time_steps(exp, config, special, prepared, steps, warmup))
   stats = device.memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
-  if _PIPELINE.value:
-    result.update(time_pipeline(config, prepared, _PIPELINE_BATCHES.value))
+  if pipeline:
+    result.update(time_pipeline(config, prepared, pipeline_batches))
   print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention "
         f"({result['attention_kernel']}) on "
         f"{result['num_devices']} x {device.device_kind}  compile {result['compile_s']:.1f} s  "
@@ -182,8 +184,7 @@ def main():
 
 
 def run():
-  cli.run("electra-bench", __doc__, main, [_CONFIG, _STEPS, _WARMUP, _DATA_DIR, _PIPELINE, _PIPELINE_BATCHES,
-                                           _MEMORY_ONLY, _SHARDS], required=["config"])
+  cli.run("electra-bench", __doc__, main, define_flags(), required=["config"])
 
 
 if __name__ == "__main__":

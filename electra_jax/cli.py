@@ -89,11 +89,14 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
     storage.check_reachable()
 
 
-def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.FlagHolder],
+def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags.FlagHolder],
         required: Sequence[str] = (), needs: Sequence[str] = ()):
-  """Runs `main()` as `command` (an absl app): `own` are its flags (listed by --help), `required` their names that
-  must be given, `needs` the optional packages (modules) it cannot run without; gcsfs is needed when any flag or
-  config value is a gs:// path. Missing ones are one line before `main` starts."""
+  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app): `own` are its flags (listed by
+  --help), `required` their names that must be given, `needs` the optional packages (modules) it cannot run without;
+  gcsfs is needed when any flag or config value is a gs:// path. Missing ones are one line before `main` starts.
+
+  Every command defines `own` in its define_flags(), which its run() calls, never at import: importing a command
+  defines no flag, so tests and benchmarks import several of them, as libraries, in one process."""
   storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 
@@ -118,7 +121,7 @@ def run(command: str, doc: str, main: Callable[[], object], own: Sequence[flags.
     quiet_orbax()
     try:
       _require(command, own, needs)
-      main()
+      main(**{holder.name: holder.value for holder in own})
     except USER_ERRORS as e:
       logging.debug("%s failed", command, exc_info=True)
       fail(command, e)

@@ -25,19 +25,21 @@ from absl import flags, logging
 from electra_jax import cli, weights
 
 
-def run():
-  # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
-  own = [flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/)."),
-         flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in "
-                             "OUTPUT/generator)."),
-         flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest intact one)."),
-         flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")]
-  workdir, output, step, overwrite = own
+def define_flags():
+  return [flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/)."),
+          flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in "
+                              "OUTPUT/generator)."),
+          flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest intact one)."),
+          flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")]
 
-  def main():
-    weights.export_hf(workdir.value, output.value, step.value, overwrite.value)
-    logging.info("Exported %s to %s", workdir.value, output.value)
-  cli.run("electra-export", __doc__, main, own, required=["workdir", "output"])
+
+def main(workdir, output, step, overwrite):
+  weights.export_hf(workdir, output, step, overwrite)
+  logging.info("Exported %s to %s", workdir, output)
+
+
+def run():
+  cli.run("electra-export", __doc__, main, define_flags(), required=["workdir", "output"])
 
 
 if __name__ == "__main__":

@@ -11,24 +11,25 @@ from ml_collections import config_flags
 
 from electra_jax import cli
 from electra_jax.data import build
-from electra_jax.data import prepared
 
 
-def _report(data: prepared.PreparedData, seq_len: int):
+def define_flags():
+  return [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings say "
+                                          "what to prepare and where.", lock_config=True)]
+
+
+def main(config):
+  data = build.build(config)
   print(f"tokenizer: {data.tokenizer_path} ({data.vocab_size} pieces, special ids {data.special_ids})")
   print(f"dataset:   {data.dataset_dir}")
   for split, s in data.stats.items():
     print(f"  {split}: {s['documents']} documents, {s['lines']} lines, {s['tokens']} tokens -> {s['examples']} "
-          f"examples of {seq_len}; truncated tokens {s['truncated_tokens']} "
+          f"examples of {config.data.seq_len}; truncated tokens {s['truncated_tokens']} "
           f"({s['truncated_tokens'] / max(s['tokens'], 1):.1%}); replaced bytes {s['replaced_bytes']}")
 
 
 def run():
-  # Flags are defined here, not at import: train.py imports this module as a library next to electra-pretrain's flags.
-  config = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings "
-                                           "say what to prepare and where.", lock_config=True)
-  cli.run("electra-prepare", __doc__, lambda: _report(build.build(config.value), config.value.data.seq_len), [config],
-          required=["config"])
+  cli.run("electra-prepare", __doc__, main, define_flags(), required=["config"])
 
 
 if __name__ == "__main__":

@@ -16,28 +16,29 @@ from ml_collections import config_flags
 
 from electra_jax import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): model, data, "
-                                          "objective, training.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go "
-                               "(local or gs://).")
-_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
-    "allow_config_change", False, "Continue a workdir whose config.json differs from this config (beyond length, "
-    "cadence and mesh); without it such a workdir is refused as another run's.")
-flags.register_validator("workdir", bool, message="--workdir must name a directory")
+
+def define_flags():
+  own = [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): model, data, objective, "
+                                         "training.", lock_config=True),
+         flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go "
+                             "(local or gs://)."),
+         flags.DEFINE_bool("allow_config_change", False, "Continue a workdir whose config.json differs from this "
+                           "config (beyond length, cadence and mesh); without it such a workdir is refused as another "
+                           "run's.")]
+  flags.register_validator("workdir", bool, message="--workdir must name a directory")
+  return own
 
 
-def main():
+def main(config, workdir, allow_config_change):
   from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
-  workdir = _WORKDIR.value
+  train.train_and_evaluate(config, workdir, allow_config_change=allow_config_change)
   print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json\n"
         f"TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')}")
 
 
 def run():
-  cli.run("electra-pretrain", __doc__, main, [_CONFIG, _WORKDIR, _ALLOW_CONFIG_CHANGE],
-          required=["config", "workdir"], needs=["tensorboardX"])
+  cli.run("electra-pretrain", __doc__, main, define_flags(), required=["config", "workdir"], needs=["tensorboardX"])
 
 
 if __name__ == "__main__":

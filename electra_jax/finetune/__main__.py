@@ -26,24 +26,26 @@ init_from, the task files and the workdir may be gs://.
 import json
 
 from absl import flags, logging
+from ml_collections import config_flags
 
 from electra_jax import cli, finetune, sharding
 
 
-def run():
-  # Flags are defined here, not at import, so the library imports beside other entry points without clashes.
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
-                                           "init_from, model, training.", lock_config=True)
-  workdir = flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes).")
+def define_flags():
+  return [config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
+                                          "init_from, model, training.", lock_config=True),
+          flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes).")]
 
-  def main():
-    sharding.initialize_runtime()
-    results = finetune.finetune(config.value, workdir.value)
-    if results is not None:
-      logging.info("%s", json.dumps(results))
-  cli.run("electra-finetune", __doc__, main, [config, workdir], required=["config", "workdir"],
-          needs=["tensorboardX"])
+
+def main(config, workdir):
+  sharding.initialize_runtime()
+  results = finetune.finetune(config, workdir)
+  if results is not None:
+    logging.info("%s", json.dumps(results))
+
+
+def run():
+  cli.run("electra-finetune", __doc__, main, define_flags(), required=["config", "workdir"], needs=["tensorboardX"])
 
 
 if __name__ == "__main__":
