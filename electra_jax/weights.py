@@ -8,11 +8,14 @@ import os
 from typing import Any, NamedTuple
 
 import flax
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
+import optax
 from etils import epath
 
-from electra_jax import checkpoints, experiment, state, storage
+from electra_jax import checkpoints, modeling, objectives, optim, sharding, state, storage
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import prepared
 from electra_jax.hf import directory as hf_directory
@@ -21,7 +24,7 @@ PARAMS_DIR = "params"
 
 
 class Weights(NamedTuple):
-  config: ml_collections.ConfigDict  # the pre-training config the parameters fit (experiment.create(config))
+  config: ml_collections.ConfigDict  # the pre-training config the parameters fit (abstract(config))
   params: Any  # None when only the architecture was asked for
   tokenizer: str  # the tokenizer file they were trained with
 
@@ -52,6 +55,21 @@ def inputs(source: str) -> list[tuple[str, str]]:
   return paths + [(prepared.tokenizer_path(workdir_lib.load_config(source)), "its tokenizer")]
 
 
+def abstract(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None,
+             tx: optax.GradientTransformation | None = None):
+  """The parameters `config` builds, as ShapeDtypeStructs traced by jax.eval_shape (nothing compiled, nothing
+  allocated), each carrying its sharding on `mesh` where one is given: what weights are restored onto. With the
+  optimiser `tx`, the whole TrainState instead: a pre-training checkpoint is restored whole."""
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+
+  def init(rng):
+    params = objectives.init_params(model, config, rng)
+    return params if tx is None else state.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  boxed = jax.eval_shape(init, jax.random.key(0))
+  shapes = nn.meta.unbox(boxed)
+  return shapes if mesh is None else state.abstract(shapes, sharding.tree_shardings(boxed, mesh))
+
+
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
   """The weights in `source` (a workdir's checkpoint at `step`, default the latest intact one), on this host's devices
   (HF weights: host arrays). `generator`: an HF generator directory stored apart from an HF discriminator (Google's
@@ -66,13 +84,15 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   tokenizer = prepared.tokenizer_path(config)
   if not with_params:
     return Weights(config, None, tokenizer)
-  target = experiment.create(config).sharded.abstract()
+  mesh = sharding.create_mesh(config.mesh)
   if what == "params":
-    return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), target.params), tokenizer)
+    return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), abstract(config, mesh)),
+                   tokenizer)
   if not checkpoints.has_checkpoint(source):
     raise FileNotFoundError(f"{source} has no checkpoint under {source}/checkpoints")
   ckpt = checkpoints.Checkpointer(source, config, read_only=True)  # `source` may be a live run's workdir
   try:
+    target = abstract(config, mesh, optim.create(config.train)[0])
     return Weights(config, ckpt.restore(target, step).state.params, tokenizer)
   finally:
     ckpt.close()
@@ -100,7 +120,7 @@ def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokeni
   if prepared.fingerprint(loaded.tokenizer) != prepared.fingerprint(tokenizer_path):
     raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
                      f"with --config.data.tokenizer={loaded.tokenizer}")
-  want = flax.traverse_util.flatten_dict(sharded.abstract().params, sep="/")
+  want = flax.traverse_util.flatten_dict(abstract(config), sep="/")
   got = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   for path in sorted(want.keys() | got.keys()):
     if path not in got or path not in want or got[path].shape != want[path].shape:
