@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from benchmarks import gpu_run
+from electra_jax import finetune
+from studies import finetune_demo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_run.py"
@@ -63,7 +65,7 @@ def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   assert "launch/gpu.sh" in pre["run"]["command"] and not pre["run"]["stopped_at_deadline"]
   rows = [json.loads(l) for l in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "eval_disc_auc" in r] == [10, 20] == [e["step"] for e in pre["evals"]]
-  assert all(0 <= e["eval_disc_auc"] <= 1 for e in pre["evals"])
+  assert pre["evals"] == [{k: r.get(k) for k in pre["evals"][0]} for r in rows if "eval_disc_auc" in r]  # as logged
   assert pre["last_step"] == 20 and pre["median_tokens_per_sec"] > 0
 
 
@@ -75,7 +77,14 @@ def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   assert config.model.num_layers == 2 and params
   ft = results["steps"]["finetune"]["figures"]["results"]
   assert sorted(r["method"] for r in ft) == ["pre-trained", "random init"]
-  assert all(0 <= r["accuracy"] <= 1 and r["num_train"] == 64 for r in ft)
+  assert all(r["num_train"] == 64 for r in ft)
+  # Each accuracy is the one its saved predictions give on the task's eval rows.
+  labels = [row["label"] for row in finetune.load_rows(finetune_demo.task_config("sentiment").task)["eval"][0]]
+  for r in ft:
+    run = out / "finetune" / r["task"] / r["labels"] / r["method"].replace(" ", "_") / r["seed"]
+    predicted = [json.loads(l)["prediction"] for l in (run / "predictions_eval.jsonl").read_text().splitlines()]
+    assert len(predicted) == len(labels) == r["num_eval"]
+    assert r["accuracy"] == pytest.approx(sum(p == l for p, l in zip(predicted, labels)) / len(labels)), r
   assert "TF-IDF" in (out / "finetune.md").read_text()
 
 
