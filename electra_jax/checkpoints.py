@@ -1,8 +1,9 @@
-"""Orbax checkpoints: a pre-training workdir's, and bare parameter trees (a params-only export).
+"""Orbax checkpoints: a training workdir's (pre-training or fine-tuning), and bare parameter trees (a params-only
+export).
 
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
-(the input position, the batch size it counts in, the tokenizer's fingerprint), `rng` (the step rng's
-key data), `config` and `checksums` (the CRC-32 of every state array's global bytes). Saves are asynchronous and
+(the loop's own JSON payload, e.g. pre-training's input position, and the tokenizer's fingerprint), `rng` (the step
+rng's key data), `config` and `checksums` (the CRC-32 of every state array's global bytes). Saves are asynchronous and
 atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete (on gs://, where a directory cannot
 be renamed, it writes <step>/ and then <step>/commit_success.txt, without which a step does not count), so a kill at
 any moment leaves the earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its
@@ -31,9 +32,12 @@ from jax.experimental import multihost_utils
 from electra_jax import sharding, storage
 from electra_jax.data import prepared
 
+TOKENIZER_KEY = "tokenizer_sha256"  # the checkpointer's own key in the `data` item; the loop's payload has the rest
+
+
 class Restored(NamedTuple):
   state: Any
-  data_state: dict  # the input iterator's position, in this run's batch size
+  extra: dict  # the payload save() was given
   rng: jax.Array | None  # None for checkpoints written without one
   config: dict  # the config the checkpoint was written with
 
@@ -44,6 +48,16 @@ class CorruptCheckpointError(ValueError):
   def __init__(self, step: int, message: str):
     super().__init__(message)
     self.step = step
+
+
+class OtherModelError(ValueError):
+  """A checkpoint of another model than the run builds (its arrays' shapes differ). `saved_config`, the config it
+  was written with, lets the caller say which of its own settings differ."""
+
+  def __init__(self, message: str, where: str, saved_config: dict):
+    super().__init__(message)
+    self.where = where
+    self.saved_config = saved_config
 
 
 class Checkpointer:
@@ -85,11 +99,13 @@ class Checkpointer:
     """Whether `save(step, ...)` would save: the interval is due, or the hosts reached a preemption sync point."""
     return self._manager.should_save(step)
 
-  def save(self, step: int, state, data_state: dict, force: bool = False, rng: jax.Array | None = None) -> bool:
-    """Starts saving in the background (a failed earlier save raises here); True if this step is being saved."""
+  def save(self, step: int, state, extra: dict | None = None, force: bool = False,
+           rng: jax.Array | None = None) -> bool:
+    """Starts saving in the background (a failed earlier save raises here); True if this step is being saved.
+    `extra`: what the loop needs besides the state and rng to resume (JSON), given back by restore as it was."""
     if not (force or self._manager.should_save(step)):
       return False
-    data = dict(position=data_state, batch_size=self.config.train.batch_size, tokenizer_sha256=self._tokenizer)
+    data = dict(extra or {}, **{TOKENIZER_KEY: self._tokenizer})
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(
@@ -143,11 +159,12 @@ class Checkpointer:
       saved_state = self._manager.item_metadata(step).state
     except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many kinds)
       raise _unreadable(step, where, e) from e
-    self._check_model(where, saved_state, abstract_state, saved.config)
-    if self._tokenizer and saved.data.get("tokenizer_sha256") not in (None, self._tokenizer):
+    _check_model(where, saved_state, abstract_state, saved.config)
+    extra = dict(saved.data)
+    tokenizer = extra.pop(TOKENIZER_KEY, None)
+    if self._tokenizer and tokenizer not in (None, self._tokenizer):
       raise ValueError(f"{where} was trained with another tokenizer (their SHA-256 differ): resume with the "
-                       f"tokenizer and data.* settings it was trained with (data.tokenizer was "
-                       f"{saved.config['data']['tokenizer'] or 'trained by electra-prepare'!r})")
+                       "tokenizer it was trained with, or use a new --workdir")
     try:
       state = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state))).state
@@ -161,7 +178,7 @@ class Checkpointer:
                                      f"(e.g. {differ[0]}) differ from the checksums saved with it")
     rng = None if saved.rng is None else jax.random.wrap_key_data(np.asarray(saved.rng, np.uint32))
     self.restored_step = step
-    return Restored(state, self._position(saved.data, step), rng, saved.config)
+    return Restored(state, extra, rng, saved.config)
 
   def _set_aside(self, step: int) -> str:
     """Renames a corrupt checkpoint out of Orbax's sight (process 0; every process waits for it)."""
@@ -176,34 +193,6 @@ class Checkpointer:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"electra_jax set aside {step}")
     return f"kept as {target}"
-
-  def _check_model(self, where: str, saved_tree, abstract_state, saved_config: dict):
-    """A clear error when the checkpoint holds another model than this run builds (Orbax's would name one array)."""
-    saved = _shapes(saved_tree)
-    wanted = _shapes(abstract_state)
-    if saved == wanted:
-      return
-    vocab = saved_config["data"]["vocab_size"]
-    if vocab != self.config.data.vocab_size:
-      raise ValueError(f"{where} has a {vocab}-token vocabulary but this run's tokenizer and model have "
-                       f"{self.config.data.vocab_size} (data.vocab_size): resume with the tokenizer it was trained "
-                       "with")
-    key = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
-    raise ValueError(f"{where} holds a model of other shapes than this config builds (e.g. {key}: {saved.get(key)} "
-                     f"saved, {wanted.get(key)} here): resume with the model.* settings it was written with, or use "
-                     "a new --workdir")
-
-  def _position(self, saved: dict, step: int) -> dict:
-    """The input position in this run's global batches (the same on any host count; rescaled to a new batch size)."""
-    position = dict(saved.get("position") or {})
-    old, new = saved.get("batch_size", self.config.train.batch_size), self.config.train.batch_size
-    if old != new and "step" in position:
-      seen = position["step"] * old
-      position["step"] = seen // new
-      logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
-                      "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
-                      "step %d", old, new, step, seen, position["step"], new, step)
-    return position
 
   def close(self):
     """Waits for the pending save, then closes; raises if it failed (unless save() already raised that failure)."""
@@ -231,6 +220,17 @@ class Checkpointer:
       if jax.process_index() == 0:
         _remove_tmp_dirs(self.directory)
     return self._failure
+
+
+def _check_model(where: str, saved_tree, abstract_state, saved_config: dict):
+  """A clear error when the checkpoint holds another model than this run builds (Orbax's would name one array)."""
+  saved = _shapes(saved_tree)
+  wanted = _shapes(abstract_state)
+  if saved != wanted:
+    key = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
+    raise OtherModelError(f"{where} holds a model of other shapes than this config builds (e.g. {key}: "
+                          f"{saved.get(key)} saved, {wanted.get(key)} here): resume with the settings it was written "
+                          "with, or use a new --workdir", where, saved_config)
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):

@@ -1,15 +1,18 @@
-"""The pre-training loop: a workdir's checks, restore or init, the jitted step (experiment.py), logging, evaluation,
-checkpoints and preemption."""
-import math
+"""The pre-training loop's own part: a workdir's checks, restore or init (the input position included), batches from
+the input pipeline, logging with throughput, held-out evaluation; loop.py runs the steps, checkpoints and
+preemption."""
 import time
 
 import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, closing, experiment, flops, preemption, weights
+from electra_jax import checkpoints, experiment, flops, weights
+from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
+from electra_jax.data import input_pipeline
+from electra_jax.data import prepared as prepared_lib
 from electra_jax.state import TrainState
 
 
@@ -20,94 +23,70 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
   lock (workdir.Lock) throughout: a second writer there is refused."""
   config = weights.with_init_tokenizer(config)
-  _check_loop_config(config.train)
+  loop_lib.check_config(config.train, "num_steps", "eval_every")
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
     return _train(config, workdir, lock)
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock) -> TrainState:
-  # TensorFlow lives only in the data code; import it here so the model and step never need it.
-  from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top
-  from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-
   prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
-  state, data_state, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
+  state, position, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
   start, num_steps = int(state.step), config.train.num_steps
   if start > num_steps:
     raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
                      "--config.train.num_steps to continue it")
-  train_iter = input_pipeline.train_iterator(config, prepared, state=data_state)
+  train_iter = input_pipeline.train_iterator(config, prepared, state=position)
   # Every check passed: only now is anything written.
   workdir_lib.write_config(workdir, config)
   writer = metrics_lib.Writer(workdir, start)
-  tokens_per_step = config.train.batch_size * config.data.seq_len
-  step_flops = flops.step_flops(config)
-
-  bar = tqdm(total=num_steps, initial=start, desc="pre-training", unit="step", dynamic_ncols=True,
-             disable=jax.process_index() != 0)
-  t0 = last_time = time.time()
-  last_step, previous = start, None
-  with preemption.Watcher() as watcher:
-    try:
-      for step in range(start + 1, num_steps + 1):
-        batch = input_pipeline.to_global(next(train_iter), exp.sharded.batch)
-        state, step_metrics = exp.step(state, batch, rng)
-        # Keep at most two steps in flight: enough to overlap host and device, and multi-process CPU needs the sync.
-        if previous is not None:
-          _check_finite(step - 1, previous, ckpt)
-        previous = step_metrics
-        bar.update()
-        stop = watcher.reached(step)
-        eval_now = step % config.train.eval_every == 0 or step == num_steps
-        if step % config.train.log_every == 0 or eval_now:
-          _check_finite(step, step_metrics, ckpt)
-          scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
-                     k in ("disc_loss", "disc_accuracy")}
-          now = time.time()
-          scalars.update(flops.throughput(step_flops, tokens_per_step * (step - last_step), now - last_time))
-          scalars.update(learning_rate=exp.schedule(step - 1), elapsed_s=now - t0)
-          if eval_now:
-            held_out = (input_pipeline.to_global(b, exp.sharded.batch)
-                        for b in input_pipeline.validation_batches(config, prepared))
-            scalars.update(experiment.evaluate(exp, state.params, held_out))
-          writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
-          bar.set_postfix(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
-          last_step, last_time = step, time.time()
-        if stop or step == num_steps or ckpt.should_save(step):
-          _check_finite(step, step_metrics, ckpt)  # never save a NaN state
-          lock.check()  # nor over another writer's checkpoints
-          ckpt.save(step, state, train_iter.get_state(), force=True, rng=rng)
-        if stop:
-          logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
-                          watcher.signal or "a preemption notice", step, ckpt.directory)
-          break
-    finally:
-      closing.close_all((bar.close, train_iter.close, writer.close, ckpt.close))
+  body = PreTraining(exp, prepared, train_iter, writer, start)
+  state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=num_steps,
+                          log_every=config.train.log_every, eval_every=config.train.eval_every, ckpt=ckpt, lock=lock,
+                          closers=(train_iter.close, writer.close, ckpt.close))
   return state
 
 
-def _check_loop_config(train_config: ml_collections.ConfigDict):
-  for key in ("num_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
-    if train_config[key] < 1:
-      raise ValueError(f"train.{key}={train_config[key]} must be at least 1")
+class PreTraining:
+  """What pre-training brings to loop.run: the input pipeline's batches, a metrics.jsonl row (throughput included,
+  held-out evaluation at eval steps) at each log step, and the input position in each checkpoint."""
 
+  def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData,
+               train_iter: input_pipeline.TrainIterator, writer: metrics_lib.Writer, start: int):
+    self.exp, self.prepared, self.train_iter, self.writer = exp, prepared, train_iter, writer
+    self.tokens_per_step = exp.config.train.batch_size * exp.config.data.seq_len
+    self.step_flops = flops.step_flops(exp.config)
+    self.t0 = self.last_time = time.time()
+    self.last_step = start
 
-def _check_finite(step: int, step_metrics: dict, ckpt: checkpoints.Checkpointer):
-  loss, grad_norm = (float(v) for v in jax.device_get((step_metrics["loss"], step_metrics["grad_norm"])))
-  if math.isfinite(loss) and math.isfinite(grad_norm):
-    return
-  where = f"loss={loss} grad_norm={grad_norm} at step {step}"
-  if ckpt.last_saved is None and ckpt.restored_step == step - 1:  # no good step since the restore vouches for it
-    raise FloatingPointError(f"{where}, the first step after resuming from step {step - 1}: that checkpoint may be "
-                             f"corrupt ({ckpt.directory}/{step - 1}); move it aside to resume from the one before, "
-                             "or use a new --workdir")
-  kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
-  raise FloatingPointError(f"{where}: stopped without saving it; the last good checkpoint is kept (step {kept} "
-                           f"under {ckpt.directory})" if kept else f"{where}: stopped (no checkpoint yet)")
+  def batch(self, step: int) -> dict[str, jax.Array]:
+    del step  # the iterator is at it
+    return input_pipeline.to_global(next(self.train_iter), self.exp.sharded.batch)
+
+  def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
+                 eval_now: bool) -> dict | None:
+    del losses  # a row reports its own step's metrics
+    if not (log_now or eval_now):
+      return None
+    scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
+               k in ("disc_loss", "disc_accuracy")}
+    now = time.time()
+    scalars.update(flops.throughput(self.step_flops, self.tokens_per_step * (step - self.last_step),
+                                    now - self.last_time))
+    scalars.update(learning_rate=self.exp.schedule(step - 1), elapsed_s=now - self.t0)
+    if eval_now:
+      held_out = (input_pipeline.to_global(b, self.exp.sharded.batch)
+                  for b in input_pipeline.validation_batches(self.exp.config, self.prepared))
+      scalars.update(experiment.evaluate(self.exp, state.params, held_out))
+    self.writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
+    self.last_step, self.last_time = step, time.time()
+    return dict(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
+
+  def extra(self) -> dict:
+    """The input position, in global batches of train.batch_size."""
+    return dict(position=self.train_iter.get_state(), batch_size=self.exp.config.train.batch_size)
 
 
 def _restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
@@ -120,6 +99,29 @@ def _restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer,
     if exp.config.train.init_from:
       state = state.replace(params=weights.for_config(exp.config, exp.sharded, tokenizer_path))
     return state, None, rng
-  restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)
-  logging.info("Resumed from step %d onto a %s mesh", int(restored.state.step), dict(exp.sharded.mesh.shape))
-  return restored.state, restored.data_state, rng if restored.rng is None else restored.rng
+  try:
+    restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)
+  except checkpoints.OtherModelError as e:
+    vocab, ours = e.saved_config.get("data", {}).get("vocab_size"), exp.config.data.vocab_size
+    if vocab in (None, ours):
+      raise
+    raise ValueError(f"{e.where} has a {vocab}-token vocabulary but this run's tokenizer and model have {ours} "
+                     "(data.vocab_size): resume with the tokenizer it was trained with") from e
+  step = int(restored.state.step)
+  logging.info("Resumed from step %d onto a %s mesh", step, dict(exp.sharded.mesh.shape))
+  position = _input_position(restored.extra, exp.config.train.batch_size, step)
+  return restored.state, position, rng if restored.rng is None else restored.rng
+
+
+def _input_position(extra: dict, batch_size: int, step: int) -> dict:
+  """The input position checkpoint `step` saved, in global batches of `batch_size` (the same on any host count):
+  after a change of train.batch_size, the batch that follows the examples already seen."""
+  position = dict(extra.get("position") or {})
+  old = extra.get("batch_size", batch_size)
+  if old != batch_size and "step" in position:
+    seen = position["step"] * old
+    position["step"] = seen // batch_size
+    logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
+                    "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
+                    "step %d", old, batch_size, step, seen, position["step"], batch_size, step)
+  return position

@@ -1,5 +1,5 @@
-"""A pre-training workdir's own files and checks: config.json (written, read, compared when a run resumes) and the
-fingerprints that tie a checkpoint to its tokenizer. Paths may be local or gs:// (storage.py)."""
+"""A training workdir's own files and checks (pre-training's and fine-tuning's): config.json (written, read, compared
+when a run resumes) and the lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
 import contextlib
 import json
 import os
@@ -18,11 +18,12 @@ from jax.experimental import multihost_utils
 
 from electra_jax import storage
 
-# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations. Any other
-# difference means another run, which resuming would silently mix in.
+# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and locations, and
+# fine-tuning's overwrite (which only acts on another run). Any other difference means another run, which resuming
+# would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "mesh.", "model.remat",
-                  "data.data_dir", "data.num_workers")
+                  "data.data_dir", "data.num_workers", "overwrite")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -42,19 +43,32 @@ def config_changes(old: dict, new: dict) -> list[str]:
           if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]
 
 
-def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
-  """Before anything is written: the workdir can be written, and holds no other run unless `allow_config_change`."""
-  if not storage.is_remote(workdir):
-    existing = os.path.abspath(workdir)
-    while not os.path.exists(existing):
-      existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-      raise NotADirectoryError(f"workdir {workdir} cannot be created: {existing} is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-      raise PermissionError(f"workdir {workdir} is not writable (no write access to {existing})")
-  if not epath.Path(workdir, "config.json").exists():
+def check_writable(workdir: str):
+  """The workdir is a directory that can be written, or can be created (a local path; gs:// is not checked)."""
+  if storage.is_remote(workdir):
     return
-  changes = config_changes(load_config(workdir).to_dict(), json.loads(config.to_json()))
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise NotADirectoryError(f"workdir {workdir} cannot be created: {existing} is a file")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise PermissionError(f"workdir {workdir} is not writable (no write access to {existing})")
+
+
+def changes_since(workdir: str, config: ml_collections.ConfigDict) -> list[str] | None:
+  """config_changes from the config.json of the run in `workdir` to `config` (none: the same run, which resumes);
+  None where there is no config.json."""
+  if not epath.Path(workdir, "config.json").exists():
+    return None
+  return config_changes(load_config(workdir).to_dict(), json.loads(config.to_json_best_effort()))
+
+
+def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
+  """Before pre-training writes anything: the workdir can be written, and holds no other run unless
+  `allow_config_change`."""
+  check_writable(workdir)
+  changes = changes_since(workdir, config)
   if changes and not allow_config_change:
     raise ValueError(f"workdir {workdir} holds another run (its config.json differs: {'; '.join(changes)}): use a "
                      "new --workdir, or pass --allow_config_change to continue it with this config")
@@ -231,8 +245,8 @@ def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
 class _LocalFile:
   """The lock file on a local (or network) file system: creation is O_CREAT|O_EXCL; a replacement is written beside
   it and renamed over it (check, then rename: not atomic, but a takeover only follows STALE_S of the holder's
-  silence, so a refresh and a takeover do not meet); a deletion renames it away first and puts it back if it was not the one meant (another
-  writer took it over in between)."""
+  silence, so a refresh and a takeover do not meet); a deletion renames it away first and puts it back if it was not
+  the one meant (another writer took it over in between)."""
 
   def __init__(self, path: str):
     self.path = path

@@ -203,7 +203,7 @@ def test_restore_reshards_onto_another_mesh(tiny_data, straight):
   kernel = restored.state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.mesh.devices.size == 2 and kernel.sharding.spec[0] == "fsdp"
   _assert_same_params(reference, jax.device_get(restored.state.params))
-  assert restored.data_state == {"step": N} and int(restored.state.step) == N
+  assert restored.extra["position"] == {"step": N} and int(restored.state.step) == N
 
 
 def test_restore_refuses_another_tokenizer(tiny_data, straight, tmp_path):

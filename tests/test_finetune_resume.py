@@ -114,3 +114,26 @@ def test_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(set
     arrays = pretrain_cli.saved_arrays(workdir / "checkpoints" / str(step))
     assert any(n.startswith("params.") for n in arrays)
     assert all(np.isfinite(a.read().result()).all() for a in arrays.values()), step
+
+
+def test_resume_onto_a_model_of_other_shapes_is_one_line(setup):
+  """The training file edited in place to hold a third label: the same config (so the workdir check resumes it)
+  builds a classifier of other shapes than its checkpoint's. One line and exit 1, the checkpoint left as it was."""
+  d, overrides = setup
+  train = d / "relabelled.jsonl"
+  rows = [json.loads(l) for l in (d / "train.jsonl").read_text().splitlines()]
+  train.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  overrides = {**overrides, "task.train_file": str(train), "task.num_epochs": 0.5, "train.checkpoint_every": 100}
+  c = finetune_sentiment.get_config()
+  c.update_from_flattened_dict(overrides)
+  workdir = d / "relabelled"
+  finetune.finetune(c, str(workdir))
+  saved = pretrain_cli.file_hashes(workdir / "checkpoints")
+  for r in rows[::3]:
+    r["label"] = "neutral"
+  train.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  proc = _cli(workdir, overrides, stderr=subprocess.PIPE)
+  _, err = proc.communicate(timeout=300)
+  helpers.assert_one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, stderr=err),
+                                "holds a model of other shapes than this config builds (e.g. ")
+  assert pretrain_cli.file_hashes(workdir / "checkpoints") == saved

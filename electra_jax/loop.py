@@ -1,0 +1,110 @@
+"""The training loop pre-training (train.py) and fine-tuning (finetune/loop.py) share: its config check, the progress
+bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing. A loop brings
+what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its checkpoints carry."""
+import math
+from typing import Callable, Protocol, Sequence
+
+import jax
+import ml_collections
+from absl import logging
+
+from electra_jax import checkpoints, closing, preemption
+from electra_jax import workdir as workdir_lib
+from electra_jax.state import TrainState
+
+# train.* keys of every loop that must be at least 1.
+COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints")
+
+
+def check_config(train: ml_collections.ConfigDict, *counts: str):
+  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (the loop's own) and COUNTS."""
+  for key in (*counts, *COUNTS):
+    if train[key] < 1:
+      raise ValueError(f"train.{key}={train[key]} must be at least 1")
+
+
+def check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoints.Checkpointer):
+  """Raises FloatingPointError on a NaN/Inf loss or gradient norm, naming the checkpoint the run can go back to."""
+  if math.isfinite(loss) and math.isfinite(grad_norm):
+    return
+  where = f"loss={loss} grad_norm={grad_norm} at step {step}"
+  if ckpt.last_saved is None and ckpt.restored_step == step - 1:  # no good step since the restore vouches for it
+    raise FloatingPointError(f"{where}, the first step after resuming from step {step - 1}: that checkpoint may be "
+                             f"corrupt ({ckpt.directory}/{step - 1}); move it aside to resume from the one before, "
+                             "or use a new --workdir")
+  kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
+  raise FloatingPointError(f"{where}: stopped without saving it" +
+                           (f"; the last good checkpoint is kept (step {kept} under {ckpt.directory})" if kept else ""))
+
+
+class InFlight:
+  """The steps whose metrics are still on the device. Fetching each step's at once would stall the device; leaving
+  one step in flight lets the host prepare the next batch while it runs (and multi-process CPU needs the sync)."""
+
+  def __init__(self, ckpt: checkpoints.Checkpointer):
+    self._ckpt = ckpt
+    self._pending = []  # (step, its metrics on the device)
+
+  def push(self, step: int, step_metrics: dict, fetch_all: bool) -> list[float]:
+    """Adds a step; fetches the pending steps but the newest (all of them if `fetch_all`: before the state is
+    logged, evaluated or saved), checks that their losses and gradient norms are finite, returns their losses."""
+    self._pending.append((step, step_metrics))
+    keep = 0 if fetch_all else 1
+    done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
+    values = jax.device_get([(m["loss"], m["grad_norm"]) for _, m in done])
+    for (s, _), (loss, grad_norm) in zip(done, values):
+      check_finite(s, float(loss), float(grad_norm), self._ckpt)
+    return [float(loss) for loss, _ in values]
+
+
+class Body(Protocol):
+  """What a loop brings to `run`."""
+
+  def batch(self, step: int) -> dict[str, jax.Array]:
+    """The global batch of step `step` (1-based)."""
+
+  def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
+                 eval_now: bool) -> dict | None:
+    """Logs and evaluates as the step asks (`losses`: those of the steps fetched since the last call, every one
+    checked finite; all of them up to `step` when it logs or evaluates); returns the progress bar's postfix, if
+    any."""
+
+  def extra(self) -> dict:
+    """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
+
+
+def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
+        log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
+        closers: Sequence[Callable[[], object]]) -> tuple[TrainState, bool]:
+  """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss and grad_norm)`) to `num_steps`:
+  logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never a non-finite state,
+  nor over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when
+  SIGTERM/SIGINT stops the run. Closes the bar and `closers` however it ends. Returns (state, whether a signal
+  stopped it)."""
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
+             disable=jax.process_index() != 0)
+  in_flight = InFlight(ckpt)
+  with preemption.Watcher() as watcher:
+    try:
+      for step in range(int(state.step) + 1, num_steps + 1):
+        state, step_metrics = step_fn(state, body.batch(step), rng)
+        bar.update()
+        stop = watcher.reached(step)
+        log_now = step % log_every == 0 or step == num_steps
+        eval_now = step % eval_every == 0 or step == num_steps
+        save_now = stop or step == num_steps or ckpt.should_save(step)
+        losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
+        postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now)
+        if postfix:
+          bar.set_postfix(postfix)
+        if save_now:
+          lock.check()
+          ckpt.save(step, state, body.extra(), force=True, rng=rng)
+        if stop:
+          logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
+                          watcher.signal or "a preemption notice", step, ckpt.directory)
+          return state, True
+    finally:
+      closing.close_all((bar.close, *closers))
+  return state, False
