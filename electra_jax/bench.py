@@ -146,7 +146,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_onl
     if config.train.batch_size % shards:
       raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={shards}")
     config.train.batch_size //= shards
-  exp = experiment.create(config, special, devices=devices)
+  exp = experiment.create(config, special, devices=devices, word_starts=prepared.word_starts if prepared else None)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
   result = dict(config=name, device=device.device_kind, platform=device.platform,
                 num_devices=len(exp.sharded.mesh.devices.flat),

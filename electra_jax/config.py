@@ -49,6 +49,9 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # two_stage: the fraction of train.num_steps that trains G alone before D starts from G (the paper splits
       # its compute in two equal stages).
       two_stage_fraction=0.5,
+      # Mask whole words (a piece that starts one and its continuations: SentencePiece's "▁" pieces, WordPiece's
+      # "##") within the same budget of tokens, as BERT's whole-word masking: a word that does not fit is skipped.
+      whole_word_masking=False,
   ))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,

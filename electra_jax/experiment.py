@@ -7,6 +7,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from electra_jax import losses, modeling, objectives, optim, sharding, state as state_lib
@@ -14,14 +15,16 @@ from electra_jax.state import TrainState
 from electra_jax.special_ids import SpecialIds
 
 
-def train_step(state: TrainState, batch, rng, *, model, update, objective, special, nan_at_step=0):
+def train_step(state: TrainState, batch, rng, *, model, update, objective, special, word_starts=None, nan_at_step=0):
   """mask → G → sample → stop_gradient → D → loss → `update`: one optax update of G and D together, as the objective
-  wraps it (objectives.Objective.wrap_update). Pure: the step's randomness is `rng` folded with the step number.
+  wraps it (objectives.Objective.wrap_update). Pure: the step's randomness is `rng` folded with the step number (and,
+  for masking and sampling, with each row's index).
   `nan_at_step` (train.debug_nan_at_step) makes the loss of that step NaN, to test the loop's guard."""
   step_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, **loss_args):  # loss_args: what the objective's wrapped update asks of its loss
-    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special, **loss_args)
+    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special, word_starts,
+                                            **loss_args)
     if nan_at_step:
       loss *= jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
     return loss, metrics
@@ -38,9 +41,10 @@ def _optimiser_step(state: TrainState, grad, *, tx):
   return TrainState(step=state.step + 1, params=new_params, opt_state=opt_state), metrics
 
 
-def eval_step(params, batch, rng, *, model, objective, special):
+def eval_step(params, batch, rng, *, model, objective, special, word_starts=None):
   """The loss and metrics on held-out data, dropout off, with a fixed rng so every evaluation masks alike."""
-  loss, metrics = objectives.compute_loss(model, params, batch, rng, objective, special, deterministic=True)
+  loss, metrics = objectives.compute_loss(model, params, batch, rng, objective, special, word_starts,
+                                          deterministic=True)
   return dict(metrics, loss=loss)
 
 
@@ -56,15 +60,22 @@ class Experiment:
   eval: Callable  # (params, batch, rng) -> metrics
 
 
-def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None) -> Experiment:
+def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None,
+           word_starts=None) -> Experiment:
+  """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
+  objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
   objective = objectives.get(config.objective.name)
+  if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
+    raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
+                     "(run on prepared data)")
   tx, schedule = optim.create(config.train)
   update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
   mesh = sharding.create_mesh(config.mesh, devices)
   sharding.check_batch(config.train.batch_size, mesh)
   sharded = state_lib.create(functools.partial(objectives.init_params, model, config), tx, mesh)
-  kw = dict(model=model, objective=config.objective, special=special)
+  words = None if word_starts is None else np.asarray(word_starts, bool)
+  kw = dict(model=model, objective=config.objective, special=special, word_starts=words)
   step = sharded.jit_step(
       functools.partial(train_step, update=update, nan_at_step=config.train.debug_nan_at_step, **kw))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
@@ -83,8 +94,7 @@ def evaluate(exp: Experiment, params, batches) -> dict:
   if not n:
     return {}
   totals = jax.device_get(totals)
-  result = {k: float(v) / n for k, v in totals.items() if not k.startswith("disc_") or
-            k in ("disc_loss", "disc_accuracy")}
+  result = {k: float(v) / n for k, v in totals.items() if k not in losses.SUMMED_METRICS}
   if "disc_true_positives" in totals:
     result["disc_precision"] = float(totals["disc_true_positives"] / max(totals["disc_predicted_positives"], 1.0))
     result["disc_recall"] = float(totals["disc_true_positives"] / max(totals["disc_label_positives"], 1.0))

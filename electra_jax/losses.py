@@ -22,6 +22,7 @@ class Batch(NamedTuple):
   masked: masking.Masked
   non_pad: jax.Array  # [B, L] 1.0 at real tokens
   keys: dict  # "sample", "generator", "discriminator": the step's randomness, split once
+  rows: jax.Array  # [B] each row's index in the global batch: what its random draws are keyed on (sampling.per_row)
   deterministic: bool
   objective: ml_collections.ConfigDict
 
@@ -29,6 +30,10 @@ class Batch(NamedTuple):
     return self.model.apply({"params": self.params if params is None else params}, *args,
                             deterministic=self.deterministic, rngs={"dropout": self.keys[key]}, method=method,
                             **kwargs)
+
+
+# Metrics that are sums over tokens, not means: batches (and micro-batches) add them up.
+SUMMED_METRICS = ("disc_true_positives", "disc_predicted_positives", "disc_label_positives", "disc_auc_histogram")
 
 
 def weighted_mean(x, w):
@@ -100,7 +105,7 @@ def corrupt(b: Batch, g_logits):
   """The ORIGINAL input with every masked position replaced by a generator sample, and which tokens differ (a sample
   equal to the original counts as real). stop_gradient makes explicit that D's loss never reaches G (sampling is
   discrete anyway)."""
-  sampled = sampling.sample(b.keys["sample"], jax.lax.stop_gradient(g_logits), b.objective.temperature)
+  sampled = sampling.sample(b.keys["sample"], jax.lax.stop_gradient(g_logits), b.objective.temperature, rows=b.rows)
   corrupted = jax.lax.stop_gradient(masking.scatter(b.input_ids, b.masked.positions, sampled, b.masked.weights))
   replaced = corrupted != b.input_ids
   return corrupted, replaced, dict(replaced_fraction=weighted_mean(replaced.astype(jnp.float32), b.non_pad))

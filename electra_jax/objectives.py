@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from electra_jax import losses, masking, modeling, two_stage
+from electra_jax import losses, masking, modeling, sampling, two_stage
 from electra_jax.special_ids import SpecialIds
 
 
@@ -73,7 +73,8 @@ def all_tokens_mlm_loss(b: losses.Batch):
 def uniform_replacement_loss(b: losses.Batch):
   """λ·L_Disc(D) alone, on replacements drawn uniformly from the vocabulary (special ids leave the token as it was):
   replaced-token detection without a generator, the floor of the paper's generator-size study."""
-  drawn = jax.random.randint(b.keys["sample"], b.masked.positions.shape, 0, b.model.config.vocab_size)
+  drawn = sampling.per_row(jax.random.randint, b.keys["sample"], b.masked.positions.shape, b.rows, minval=0,
+                          maxval=b.model.config.vocab_size)
   originals = jnp.take_along_axis(b.input_ids, b.masked.positions, axis=1)
   drawn = jnp.where(jnp.isin(drawn, jnp.asarray(b.special)), originals, drawn)
   corrupted = masking.scatter(b.input_ids, b.masked.positions, drawn, b.masked.weights)
@@ -148,17 +149,25 @@ def get(name: str) -> Objective:
 
 
 def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ml_collections.ConfigDict,
-                 special: SpecialIds, *, deterministic: bool = False, **loss_args):
+                 special: SpecialIds, word_starts=None, *, rows: jax.Array | None = None, deterministic: bool = False,
+                 **loss_args):
   """The training loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and the
-  metrics that come with it. Pure: all randomness derives from `rng`. `loss_args` go to the objective's loss (what
-  its wrap_update passes, e.g. two_stage's stage)."""
+  metrics that come with it. Pure: all randomness derives from `rng`, masking's and sampling's per row, keyed on
+  `rows` (each row's index in the global batch; default 0, 1, ...), so a micro-batch's rows draw what they would in
+  the whole batch. `word_starts`: the tokenizer's ([vocab_size] bool), for objective.whole_word_masking. `loss_args`
+  go to the objective's loss (what its wrap_update passes, e.g. two_stage's stage)."""
   entry = get(objective.name)
   ids = batch["input_ids"]
+  rows = jnp.arange(ids.shape[0]) if rows is None else rows
   k_mask, k_sample, k_gen, k_disc = jax.random.split(rng, 4)
-  masked = masking.mask_tokens(k_mask, ids, special, objective.mask_prob, model.config.vocab_size,
-                               bert_recipe=entry.bert_masking)
+  # Dropout draws a whole (micro-)batch's mask from one key: each micro-batch folds in its first row to differ.
+  k_gen, k_disc = (jax.random.fold_in(k, rows[0]) for k in (k_gen, k_disc))
+  mask = (functools.partial(masking.mask_words, word_starts=word_starts) if objective.whole_word_masking
+          else masking.mask_tokens)
+  masked = mask(k_mask, ids, special, objective.mask_prob, model.config.vocab_size, bert_recipe=entry.bert_masking,
+                rows=rows)
   b = losses.Batch(model, params, ids, batch["segment_ids"], special, masked, (ids != special.pad).astype(jnp.float32),
-                   dict(sample=k_sample, generator=k_gen, discriminator=k_disc), deterministic, objective)
+                   dict(sample=k_sample, generator=k_gen, discriminator=k_disc), rows, deterministic, objective)
   return entry.loss(b, **loss_args)
 
 

@@ -1,4 +1,5 @@
-"""Drawing the generator's samples: one token per masked position from softmax(logits / temperature)."""
+"""Random draws keyed per row, and the generator's samples: one token per masked position from
+softmax(logits / temperature)."""
 import jax
 import jax.numpy as jnp
 
@@ -12,6 +13,14 @@ def _sample_block(vocab: int) -> int:
   return min(divisors, key=lambda b: abs(b - SAMPLE_BLOCK)) if divisors else SAMPLE_BLOCK
 
 
+def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
+  """draw(key, shape[1:], **kwargs) for each row (the leading axis of `shape`), the key `rng` folded with the row's
+  index in the global batch (`rows`; default 0, 1, ...): a row's numbers do not depend on how the batch is cut into
+  micro-batches (accumulate.py)."""
+  rows = jnp.arange(shape[0]) if rows is None else rows
+  return jax.vmap(lambda r: draw(jax.random.fold_in(rng, r), shape[1:], **kwargs))(rows)
+
+
 def _cumsum(x: jax.Array) -> jax.Array:
   """Cumulative sum over the last (short) axis as a matmul with a triangular matrix: XLA:CPU's scan for cumsum is
   several times slower."""
@@ -19,10 +28,12 @@ def _cumsum(x: jax.Array) -> jax.Array:
   return jnp.einsum("...k,ki->...i", x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
-def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0) -> jax.Array:
-  """One draw per row from softmax(logits / temperature), by inverse CDF: a single uniform per row instead of the
-  Gumbel-argmax trick's noise per vocabulary entry (the same distribution; on CPU the Gumbel noise of a demo step
-  cost more than the generator's head).
+def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0,
+           rows: jax.Array | None = None) -> jax.Array:
+  """One draw from softmax(logits / temperature) over the last axis at each position of the others, keyed per batch
+  row (the first axis; per_row's `rows`), by inverse CDF: a single uniform per draw instead of the Gumbel-argmax
+  trick's noise per vocabulary entry (the same distribution; on CPU the Gumbel noise of a demo step cost more than
+  the generator's head).
 
   The CDF is walked in two levels, with the same distribution and the same uniform as one cumulative sum over the
   vocabulary: the cumulative sums of blocks of `block` entries pick the block holding u, then the cumulative sum
@@ -44,7 +55,7 @@ def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0
     tail = jnp.pad(x[..., nb * block:], [(0, 0)] * (x.ndim - 1) + [(0, block - rest)], constant_values=-jnp.inf)
     sums = jnp.concatenate([sums, jnp.exp(tail - top).sum(axis=-1, keepdims=True)], axis=-1)
   cdf = _cumsum(sums)
-  u = jax.random.uniform(rng, logits.shape[:-1] + (1,)) * cdf[..., -1:]  # scaled: the total is unnormalised
+  u = per_row(jax.random.uniform, rng, logits.shape[:-1] + (1,), rows) * cdf[..., -1:]  # the total: unnormalised
   j = jnp.minimum((cdf <= u).sum(axis=-1), sums.shape[-1] - 1)  # the block holding u
   start = jnp.take_along_axis(cdf - sums, j[..., None], axis=-1)  # the weight of the blocks before it
   # Gather the block's logits, not its weights: XLA would recompute the whole row's exp for each gathered element.

@@ -96,6 +96,17 @@ class Tokenizer:
       return self._sp.normalize(text).replace("\u2581", " ").strip()  # U+2581 is SentencePiece's space
     return self.wordpiece.normalizer.normalize_str(text)
 
+  def word_starts(self) -> tuple[bool, ...]:
+    """Per id: the piece begins a word (SentencePiece's pieces with its space, U+2581; WordPiece's pieces but the
+    "##" continuations, [UNK] included: it stands for a whole word, as in BERT); never [PAD], [CLS], [SEP] or [MASK].
+    Whole-word masking's words (masking.mask_words)."""
+    if self._sp is not None:
+      starts = [self._sp.id_to_piece(i).startswith("\u2581") for i in range(self.vocab_size)]
+    else:
+      starts = [not self.wordpiece.id_to_token(i).startswith("##") for i in range(self.vocab_size)]
+    never = set(self.special_ids) - {self.special_ids.unk}
+    return tuple(start and i not in never for i, start in enumerate(starts))
+
   def check_vocab_size(self, vocab_size: int):
     if self.vocab_size != vocab_size:
       raise ValueError(f"tokenizer {self.path} has {self.vocab_size} tokens but data.vocab_size is {vocab_size}; "

@@ -31,7 +31,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock) -> TrainState:
   prepared = prepared_lib.load(config)
-  exp = experiment.create(config, prepared.special_ids)
+  exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
   state, position, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
   start, num_steps = int(state.step), config.train.num_steps

@@ -8,6 +8,8 @@ import pytest
 import scipy.stats
 
 from electra_jax import flops, losses, masking, objectives, sampling
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import corpus as corpus_lib
 from electra_jax.special_ids import SpecialIds
 
 SPECIAL = SpecialIds()
@@ -26,10 +28,50 @@ def _batch(rng, batch=512, seq_len=128):
   return jnp.asarray(ids)
 
 
+def _words(ids, starts, special=SPECIAL):
+  """[B, L] each position's word (-1 at [CLS], [SEP] and padding), counted apart from masking.mask_words: a word
+  starts at a piece `starts` marks or at any piece after a special token or padding."""
+  words = np.full(ids.shape, -1)
+  for r, row in enumerate(ids):
+    word, previous = -1, False
+    for i, t in enumerate(row):
+      if t in (special.pad, special.cls, special.sep):
+        previous = False
+        continue
+      word += bool(starts[t]) or not previous
+      words[r, i], previous = word, True
+  return words
+
+
+def _check_whole_words(ids, m, mask_prob, words):
+  """Chosen positions are words, whole, as BERT chooses them: within round(mask_prob · n) of a row's n maskable
+  tokens (and max_predictions), skipping a word that does not fit, so that no word left out fits the budget's rest."""
+  chosen = np.zeros(ids.shape, bool)
+  np.put_along_axis(chosen, np.asarray(m.positions), np.asarray(m.weights) > 0, axis=1)
+  p = masking.max_predictions(mask_prob, ids.shape[1])
+  for r in range(len(ids)):
+    assert not (chosen[r] & (words[r] < 0)).any(), "chose [CLS], [SEP] or padding"
+    lengths = np.bincount(words[r][words[r] >= 0])
+    taken = np.bincount(words[r][chosen[r]], minlength=len(lengths))
+    assert ((taken == 0) | (taken == lengths)).all(), f"row {r}: a word masked in part"
+    budget = min(p, max(1, round((words[r] >= 0).sum() * mask_prob)))
+    assert chosen[r].sum() <= budget
+    left_out = lengths[(taken == 0) & (lengths > 0)]
+    assert (left_out > budget - chosen[r].sum()).all(), f"row {r}: a word left out fits the budget"
+  return chosen
+
+
 @pytest.mark.parametrize("mask_prob", [0.15, 0.25])
-def test_masking_statistics(mask_prob):
+@pytest.mark.parametrize("whole_words", [False, True])
+def test_masking_statistics(mask_prob, whole_words):
+  """mask_tokens, and mask_words where 60% of the vocabulary starts a word (words of 1.7 pieces on average)."""
   ids = _batch(np.random.default_rng(0))
-  m = masking.mask_tokens(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB)
+  if whole_words:
+    starts = np.random.default_rng(1).random(VOCAB) < 0.6
+    m = masking.mask_words(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB, word_starts=starts)
+    _check_whole_words(np.asarray(ids), m, mask_prob, _words(np.asarray(ids), starts))
+  else:
+    m = masking.mask_tokens(jax.random.key(0), ids, SPECIAL, mask_prob, VOCAB)
   ids, masked, pos, w = map(np.asarray, (ids, m.input_ids, m.positions, m.weights))
   chosen = np.zeros(ids.shape, bool)
   np.put_along_axis(chosen, pos, w > 0, axis=1)
@@ -44,6 +86,69 @@ def test_masking_statistics(mask_prob):
   assert abs(mask_fraction - 0.85) < 0.02
   assert (masked[chosen & (masked != SPECIAL.mask)] == ids[chosen & (masked != SPECIAL.mask)]).all(), \
       "ELECTRA keeps the other 15% unchanged (no random tokens)"
+
+
+def _wordpiece(tmp_path, lines):
+  """A Tokenizer for a 1000-piece WordPiece vocab.txt trained on `lines` (BERT's special tokens), and the words of
+  each line as the WordPiece pre-tokenizer splits them."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  trainer = BertWordPieceTokenizer(lowercase=True)
+  trainer.train_from_iterator(lines, vocab_size=1000, special_tokens=list(tokenizer_lib.SPECIAL_TOKENS))
+  trainer.save_model(str(tmp_path))
+  tok = tokenizer_lib.Tokenizer(str(tmp_path / "vocab.txt"))
+  encoded = tok.wordpiece.encode_batch(lines, add_special_tokens=False)
+  return tok, [(e.ids, e.word_ids) for e in encoded]
+
+
+def _sentencepiece(path, lines):
+  """The Tokenizer at `path`, and the words of each line: a piece that begins with U+2581 starts one."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_file=path)
+  pieces = sp.encode(lines, out_type=str)
+  return tokenizer_lib.Tokenizer(path), [(sp.piece_to_id(p), np.cumsum([q.startswith("\u2581") for q in p]))
+                                         for p in pieces]
+
+
+def _pack(encoded, special, seq_len=128):
+  """Rows [CLS] A [SEP] B [SEP] (then padding) of pairs of lines, B from its second piece (a segment may begin inside
+  a word), and each position's word (-1 at specials and padding; a segment's words numbered apart)."""
+  half = (seq_len - 3) // 2
+  ids = np.full((len(encoded) // 2, seq_len), special.pad, np.int32)
+  words = np.full(ids.shape, -1)
+  for r in range(len(ids)):
+    (a, a_words), (b, b_words) = encoded[2 * r], encoded[2 * r + 1]
+    a, a_words, b, b_words = a[:half], list(a_words[:half]), b[1:half + 1], list(b_words[1:half + 1])
+    row = [special.cls, *a, special.sep, *b, special.sep]
+    ids[r, :len(row)] = row
+    words[r, 1:1 + len(a)] = np.asarray(a_words) + 1_000 * 2 * r
+    words[r, 2 + len(a):2 + len(a) + len(b)] = np.asarray(b_words) + 1_000 * (2 * r + 1)
+  return ids, words
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_whole_word_masking_on_real_text(kind, tiny_data, tmp_path):
+  """Whole-word masking of real text, tokenized by the SentencePiece model electra-prepare trains and by a WordPiece
+  vocab.txt: the tokenizer's word starts mark exactly where its own words begin (after a special, any piece begins
+  one), and every masked word is masked whole, within the budget, at mask_prob of the tokens over 256 rows."""
+  lines = [line for line in corpus_lib.Corpus(max_documents=40).lines() if len(line.split()) >= 5][:512]
+  if kind == "wordpiece":
+    tok, encoded = _wordpiece(tmp_path, lines)
+  else:
+    tok, encoded = _sentencepiece(tiny_data[1].tokenizer_path, lines)
+  starts = tok.word_starts()
+  s = tok.special_ids
+  assert len(starts) == tok.vocab_size and not any(starts[i] for i in (s.pad, s.cls, s.sep, s.mask))
+  assert starts[s.unk] == (kind == "wordpiece")  # WordPiece's [UNK] is a whole word
+  ids, words = _pack(encoded, tok.special_ids)
+  for r in range(len(ids)):  # numbering the rows' words from the tokenizer's table gives the tokenizer's words
+    counted = _words(ids[r:r + 1], starts, tok.special_ids)[0]
+    assert (np.unique(words[r], return_inverse=True)[1] == np.unique(counted, return_inverse=True)[1]).all(), r
+  mask_prob = 0.15
+  m = jax.jit(functools.partial(masking.mask_words, special=tok.special_ids, mask_prob=mask_prob,
+                                vocab_size=tok.vocab_size, word_starts=starts))(jax.random.key(0), jnp.asarray(ids))
+  chosen = _check_whole_words(ids, m, mask_prob, words)
+  assert abs(chosen.sum() / (words >= 0).sum() - mask_prob) <= 0.01
+  assert (words[chosen] >= 0).all() and len(np.unique(words[chosen])) < chosen.sum()  # words of several pieces
 
 
 def test_bert_recipe_80_10_10():

@@ -28,6 +28,7 @@ class PreparedData:
   special_ids: SpecialIds
   vocab_size: int
   stats: dict  # per split: documents, lines, tokens, truncated_tokens, examples, replaced_bytes
+  word_starts: tuple[bool, ...]  # per id: the piece begins a word (objective.whole_word_masking)
 
 
 def _hash(data, keys, salt=()) -> str:
@@ -77,4 +78,4 @@ def load(config) -> PreparedData:
     raise ValueError(f"tokenizer {tok.path} is not the one the data at {path} was prepared with (its SHA-256 differs "
                      "from the one recorded in metadata.json): put that tokenizer back, or run electra-prepare again "
                      "to re-tokenize the data with this one")
-  return PreparedData(path, tok.path, tok.special_ids, tok.vocab_size, meta["stats"])
+  return PreparedData(path, tok.path, tok.special_ids, tok.vocab_size, meta["stats"], tok.word_starts())
