@@ -145,35 +145,32 @@ def capitalised_baseline(rows: list[dict]) -> dict:
   return token_tasks.compute_metrics([r["tags"] for r in rows], predicted)
 
 
-_STOPWORDS = set("""about above after again against because been before being below between both could does doing
-during each from further have having here into itself more most other ought over same should some such than that
-their theirs them then there these they this those through under until very were what when where which while whom
-will with would your shall upon also must made make many much only well every year years""".split())
+# A name of ENTITY_NAMES (the longer first: West Virginia before Virginia) or a year, not inside a word or date.
+_CLOZE_ANSWER = re.compile(r"(?<![\w-])(?:%s|1[7-9]\d\d|20\d\d)(?![\w-])"
+                           % "|".join(sorted(map(" ".join, _ENTITY_KIND), key=len, reverse=True)))
 
 
 @functools.cache
-def sotu_cloze_rows(num_paragraphs: int = 2500) -> tuple[list[dict], list[dict]]:
-  """(train, eval) cloze questions in qa.read_squad's row form, from num_paragraphs paragraphs of the speeches of
-  2 to 6 sentences: the question is one of the paragraph's sentences of 6 to 30 words (without a "what" of its own)
-  with one content word (of 5 letters or more, not a common word, once in the paragraph) replaced by "what", the
-  answer that word. Seeded; every fifth paragraph's question is held out."""
+def sotu_cloze_rows() -> tuple[list[dict], list[dict]]:
+  """(train, eval) cloze questions in qa.read_squad's row form, from the speeches' paragraphs of 2 to 6 sentences
+  that name a month, weekday or U.S. state (ENTITY_NAMES) or a year just once: the question is the sentence (of 40
+  words at most, without a "what" of its own) that holds it, with it replaced by "what"; the answer is the name or
+  year (a seeded choice where there are several). Half the paragraphs hold other names or years too, so the question
+  has to be read. Every fifth question is held out."""
   rng = np.random.default_rng(0)
-  paragraphs = [l for l in sotu_lines() if 2 <= len(re.split(r"(?<=[.!?])\s+", l)) <= 6]
-  rows = ([], [])
-  for p, context in enumerate(paragraphs[::max(1, len(paragraphs) // num_paragraphs)][:num_paragraphs]):
-    counts = collections.Counter(w.lower() for w in re.findall(r"\w+", context))
-    sentences = [(m.start(), m.group()) for m in re.finditer(r"[^.!?]+[.!?]*", context)
-                 if 6 <= len(m.group().split()) <= 30 and not re.search(r"\bwhat\b", m.group(), re.I)]
-    at, sentence = sentences[rng.integers(len(sentences))] if sentences else (0, "")
-    words = [m for m in re.finditer(r"(?<![\w'’-])[A-Za-z]{5,}(?![\w'’-])", sentence)
-             if counts[m.group().lower()] == 1 and m.group().lower() not in _STOPWORDS]
-    if not words:
-      continue
-    w = words[rng.integers(len(words))]
-    question = (sentence[:w.start()] + "what" + sentence[w.end():]).strip()
-    rows[p % 5 == 0].append(dict(id=f"sotu-{p}", question=question, context=context,
-                                 answers=[dict(text=w.group(), answer_start=at + w.start())]))
-  return rows
+  rows = []
+  for p, context in enumerate(l for l in sotu_lines() if 2 <= len(re.split(r"(?<=[.!?])\s+", l)) <= 6):
+    counts = collections.Counter(_CLOZE_ANSWER.findall(context))
+    sentences = [m for m in re.finditer(r"[^.!?]+[.!?]*", context)
+                 if len(m.group().split()) <= 40 and not re.search(r"\bwhat\b", m.group(), re.I)]
+    found = [(a, s) for a in _CLOZE_ANSWER.finditer(context) if counts[a.group()] == 1
+             for s in sentences if s.start() <= a.start() < s.end()]
+    if found:
+      a, s = found[rng.integers(len(found))]
+      question = (context[s.start():a.start()] + "what" + context[a.end():s.end()]).strip()
+      rows.append(dict(id=f"sotu-{p}", question=question, context=context,
+                       answers=[dict(text=a.group(), answer_start=a.start())]))
+  return [r for i, r in enumerate(rows) if i % 5], rows[::5]
 
 
 def squad_json(rows: list[dict]) -> dict:

@@ -161,7 +161,7 @@ def test_loss_is_the_mean_of_start_and_end_cross_entropy():
 
 
 def test_sotu_cloze_task_and_its_baseline():
-  """The cloze task of the speeches: one word blanked out of a sentence of the paragraph; answering with the
+  """The cloze task of the speeches: a name or year blanked out of a sentence of the paragraph; answering with the
   paragraph's first sentence scores low."""
   train, evl = helpers.sotu_cloze_rows()
   assert len(train) > 1500 and len(evl) > 400 and not {r["id"] for r in train} & {r["id"] for r in evl}
@@ -170,7 +170,7 @@ def test_sotu_cloze_task_and_its_baseline():
     assert r["context"][a["answer_start"]:a["answer_start"] + len(a["text"])] == a["text"]
     assert " what" in f" {r['question']}" and r["question"].replace("what", a["text"], 1) in r["context"]
   m = helpers.first_sentence_baseline(evl)
-  assert m["exact_match"] == 0.0 and m["f1"] < 0.1
+  assert m["exact_match"] < 0.01 and m["f1"] < 0.1
 
 
 def test_hf_question_answering_parity(tiny_data, tmp_path):
