@@ -56,6 +56,11 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,
       batch_size=128,  # global, across all hosts and devices
+      # Gradient accumulation: each step runs grad_accum_steps micro-batches of batch_size / grad_accum_steps rows
+      # one after another (less activation memory) and makes one optimiser update. Each micro-batch's loss is its own
+      # mean, so the update equals the whole batch's when micro-batches hold equal token counts (full packed rows)
+      # and otherwise weighs micro-batches equally, as common accumulation does.
+      grad_accum_steps=1,
       learning_rate=5e-4,
       warmup_steps=10_000,
       weight_decay=0.01,

@@ -10,26 +10,33 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import losses, modeling, objectives, optim, sharding, state as state_lib
+from electra_jax import accumulate, losses, modeling, objectives, optim, sharding, state as state_lib
 from electra_jax.state import TrainState
 from electra_jax.special_ids import SpecialIds
 
 
-def train_step(state: TrainState, batch, rng, *, model, update, objective, special, word_starts=None, nan_at_step=0):
+def train_step(state: TrainState, batch, rng, *, model, update, objective, special, word_starts=None, accum_steps=1,
+               nan_at_step=0):
   """mask → G → sample → stop_gradient → D → loss → `update`: one optax update of G and D together, as the objective
-  wraps it (objectives.Objective.wrap_update). Pure: the step's randomness is `rng` folded with the step number (and,
-  for masking and sampling, with each row's index).
+  wraps it (objectives.Objective.wrap_update), with the gradient of `accum_steps` micro-batches (accumulate.py).
+  Pure: the step's randomness is `rng` folded with the step number (and, for masking and sampling, each row's index).
   `nan_at_step` (train.debug_nan_at_step) makes the loss of that step NaN, to test the loop's guard."""
   step_rng = jax.random.fold_in(rng, state.step)
 
-  def loss_fn(params, **loss_args):  # loss_args: what the objective's wrapped update asks of its loss
-    loss, metrics = objectives.compute_loss(model, params, batch, step_rng, objective, special, word_starts,
-                                            **loss_args)
+  def loss_fn(params, micro, rows, **loss_args):  # loss_args: what the objective's wrapped update asks of its loss
+    loss, metrics = objectives.compute_loss(model, params, micro, step_rng, objective, special, word_starts,
+                                            rows=rows, **loss_args)
     if nan_at_step:
       loss *= jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
     return loss, metrics
 
-  return update(state, jax.value_and_grad(loss_fn, has_aux=True))
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def grad(params, **loss_args):
+    return accumulate.gradients(lambda micro, rows: value_and_grad(params, micro, rows, **loss_args), batch,
+                                accum_steps, summed=losses.SUMMED_METRICS)
+
+  return update(state, grad)
 
 
 def _optimiser_step(state: TrainState, grad, *, tx):
@@ -73,11 +80,13 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
   mesh = sharding.create_mesh(config.mesh, devices)
   sharding.check_batch(config.train.batch_size, mesh)
+  accum_steps = config.train.grad_accum_steps
+  accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
   sharded = state_lib.create(functools.partial(objectives.init_params, model, config), tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
   kw = dict(model=model, objective=config.objective, special=special, word_starts=words)
-  step = sharded.jit_step(
-      functools.partial(train_step, update=update, nan_at_step=config.train.debug_nan_at_step, **kw))
+  step = sharded.jit_step(functools.partial(train_step, update=update, accum_steps=accum_steps,
+                                            nan_at_step=config.train.debug_nan_at_step, **kw))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
   return Experiment(config, model, special, schedule, sharded, step, evaluate_batch)
 
