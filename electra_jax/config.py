@@ -81,6 +81,10 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # With an HF discriminator directory as init_from: its generator's HF directory when stored apart (Google's
       # released checkpoints are two directories); default: <init_from>/generator if present, else a fresh one.
       init_from_generator="",
+      # With a pre-training workdir as init_from: also take its optimiser state and step, so that Adam's moments and
+      # the learning-rate schedule go on (train.num_steps then counts both runs' steps): a second phase at a longer
+      # data.seq_len (docs/pretraining_features.md). The input position starts afresh: new data.
+      init_from_state=False,
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(

@@ -33,7 +33,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lo
   prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
-  state, position, rng = _restore_or_init(exp, ckpt, prepared.tokenizer_path)
+  state, position, rng = restore_or_init(exp, ckpt, prepared.tokenizer_path)
   start, num_steps = int(state.step), config.train.num_steps
   if start > num_steps:
     raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
@@ -89,14 +89,17 @@ class PreTraining:
     return dict(position=self.train_iter.get_state(), batch_size=self.exp.config.train.batch_size)
 
 
-def _restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
-  """(state, input position, rng) from the latest checkpoint on the current mesh, or fresh from train.seed (with
-  train.init_from's weights when set)."""
-  seed = exp.config.train.seed
-  rng = jax.random.fold_in(jax.random.key(seed), 1)
+def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
+  """(state, input position, rng) the run starts from: the latest checkpoint of its workdir on the current mesh, or
+  fresh from train.seed with train.init_from's weights when set, and with its optimiser state and step too under
+  train.init_from_state (a second phase on other data: the input position starts afresh)."""
+  train = exp.config.train
+  rng = jax.random.fold_in(jax.random.key(train.seed), 1)
   if ckpt.latest_step() is None:
-    state = exp.sharded.init(jax.random.key(seed))
-    if exp.config.train.init_from:
+    if train.init_from_state:
+      return weights.state_for_config(exp.config, exp.sharded, tokenizer_path), None, rng
+    state = exp.sharded.init(jax.random.key(train.seed))
+    if train.init_from:
       state = state.replace(params=weights.for_config(exp.config, exp.sharded, tokenizer_path))
     return state, None, rng
   try:

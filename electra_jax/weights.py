@@ -1,13 +1,13 @@
 """Where weights come from: the one resolver of a pre-training workdir, a params-only export or an HF ELECTRA
-directory into (config, params, tokenizer), used by export, fine-tuning and train.init_from, and the params-only
-export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
+directory into (config, params, tokenizer), used by export, fine-tuning and train.init_from (a workdir's whole
+training state for train.init_from_state), and the params-only export itself (config.json + params/, an Orbax
+checkpoint of the parameter tree without optimiser state).
 
 A new weight format is one more branch in `load`."""
 import copy
 import os
 from typing import Any, NamedTuple
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -88,12 +88,18 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   if what == "params":
     return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), abstract(config, mesh)),
                    tokenizer)
-  if not checkpoints.has_checkpoint(source):
-    raise FileNotFoundError(f"{source} has no checkpoint under {source}/checkpoints")
-  ckpt = checkpoints.Checkpointer(source, config, read_only=True)  # `source` may be a live run's workdir
+  target = abstract(config, mesh, optim.create(config.train)[0])
+  return Weights(config, _restore(source, config, target, step).params, tokenizer)
+
+
+def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int | None = None) -> state.TrainState:
+  """The TrainState of `workdir`'s checkpoint at `step` (default: the latest intact one), written with `config`,
+  placed as `target` says."""
+  if not checkpoints.has_checkpoint(workdir):
+    raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
+  ckpt = checkpoints.Checkpointer(workdir, config, read_only=True)  # `workdir` may be a live run's
   try:
-    target = abstract(config, mesh, optim.create(config.train)[0])
-    return Weights(config, ckpt.restore(target, step).state.params, tokenizer)
+    return ckpt.restore(target, step).state
   finally:
     ckpt.close()
 
@@ -117,18 +123,60 @@ def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokeni
   after checking that they fit `config` and were trained with the data's tokenizer."""
   source = config.train.init_from
   loaded = load(source, generator=config.train.init_from_generator or None)
-  if prepared.fingerprint(loaded.tokenizer) != prepared.fingerprint(tokenizer_path):
-    raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
-                     f"with --config.data.tokenizer={loaded.tokenizer}")
-  want = flax.traverse_util.flatten_dict(abstract(config), sep="/")
-  got = flax.traverse_util.flatten_dict(loaded.params, sep="/")
-  for path in sorted(want.keys() | got.keys()):
-    if path not in got or path not in want or got[path].shape != want[path].shape:
-      raise ValueError(f"train.init_from={source} does not fit this config at {path}: "
-                       f"{got[path].shape if path in got else 'missing'} there, "
-                       f"{want[path].shape if path in want else 'absent'} here (model sizes, vocabulary, "
-                       "embedding_sharing and objective must match)")
+  _check_tokenizer(source, loaded.tokenizer, tokenizer_path)
+  _check_fit(source, abstract(config), loaded.params,
+             "model sizes, vocabulary, embedding_sharing and objective must match")
   return jax.device_put(loaded.params, sharded.state.params)
+
+
+def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded,
+                     tokenizer_path: str) -> state.TrainState:
+  """train.init_from_state: the whole TrainState of the workdir train.init_from names (its latest intact checkpoint:
+  parameters, optimiser state and step) placed on `sharded`'s mesh, so that a second phase (e.g. at a longer
+  data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where there is no
+  optimiser state to take, where it does not fit this run's optimiser, or where its step leaves no step to train."""
+  source = config.train.init_from
+  if not source:
+    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
+                     "step to continue")
+  what = kind(source)
+  if what != "workdir":
+    raise ValueError(f"train.init_from_state: {source} is {'an HF directory' if what == 'hf' else 'a params export'}, "
+                     "which holds no optimiser state: name a pre-training workdir, or drop init_from_state to start "
+                     "from its weights with a fresh optimiser")
+  saved = load(source, with_params=False)
+  _check_tokenizer(source, saved.tokenizer, tokenizer_path)
+  target = sharded.abstract()
+  _check_fit(source, target, abstract(saved.config, tx=optim.create(saved.config.train)[0]),
+             "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the parameters' "
+             "shapes")
+  restored = _restore(source, saved.config, target)
+  step, num_steps = int(restored.step), config.train.num_steps
+  if step >= num_steps:
+    raise ValueError(f"train.init_from={source} is at step {step}, which leaves nothing to train up to "
+                     f"train.num_steps={num_steps}: with train.init_from_state, train.num_steps counts the steps of "
+                     "both runs (raise it)")
+  return restored
+
+
+def _check_tokenizer(source: str, tokenizer: str, tokenizer_path: str):
+  if prepared.fingerprint(tokenizer) != prepared.fingerprint(tokenizer_path):
+    raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
+                     f"with --config.data.tokenizer={tokenizer}")
+
+
+def _check_fit(source: str, ours, theirs, hint: str):
+  """A one-line error at the first path where init_from's tree `theirs` and this config's `ours` differ in shape."""
+  ours, theirs = _shapes(ours), _shapes(theirs)
+  for path in sorted(ours.keys() | theirs.keys()):
+    if ours.get(path) != theirs.get(path):
+      raise ValueError(f"train.init_from={source} does not fit this config at {path}: {theirs.get(path, 'missing')} "
+                       f"there, {ours.get(path, 'absent')} here ({hint})")
+
+
+def _shapes(tree) -> dict:
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
