@@ -1,6 +1,7 @@
 """electra-pretrain end to end on real (tiny) data: the loss falls, metrics.jsonl has every documented field, and its
 figures agree with each other."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,7 +48,10 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path):
   errors = (tp / precision - tp if precision else 0.0) + p - tp
   assert e["eval_disc_accuracy"] == pytest.approx(1 - errors, abs=0.01)
   assert (precision > 0) == (recall > 0)
-  assert 0 < e["eval_mlm_accuracy"] < 1 and e["eval_mlm_accuracy"] > records[0]["mlm_accuracy"]
+  # The generator learns on held-out text: its loss falls between the evaluations and beats a uniform guess. (One
+  # training batch's accuracy at step 10 against ~200 held-out predictions is within noise of it: not a measure.)
+  assert 0 < e["eval_mlm_accuracy"] < 1
+  assert e["eval_mlm_loss"] < evals[0]["eval_mlm_loss"] < math.log(config.data.vocab_size)
   assert json.loads((workdir / "config.json").read_text())["train"]["num_steps"] == 60
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
