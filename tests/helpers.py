@@ -190,17 +190,17 @@ def first_sentence_baseline(rows: list[dict]) -> dict:
 
 def hf_head_parity(model, names, tokenizer_path: str, ids: np.ndarray, seg: np.ndarray, out: str) -> float:
   """The largest |difference| (at real tokens, for per-token heads) between the logits of a fine-tuned `model`
-  (finetune/model.py) with random weights (every leaf perturbed) and those of the HF class hf_classifier.save writes
+  (finetune/model.py) with random weights (every leaf perturbed) and those of the HF class hf_heads.save writes
   it as, loaded by transformers with nothing missing or left over; QA's start and end logits are compared stacked, as
   ours are."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from electra_jax.finetune import hf_classifier  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import hf_heads  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1], seg[:1])["params"])
   params = jax.tree.map(lambda x: (x + 0.05 * rng.standard_normal(x.shape)).astype(np.float32),
                         jax.device_get(params))
-  hf_classifier.save(model.config, params, names, tokenizer_path, 0, out)
+  hf_heads.save(model.config, params, names, tokenizer_path, 0, out)
   cls = getattr(transformers, transformers.AutoConfig.from_pretrained(out).architectures[0])
   hf, info = cls.from_pretrained(out, output_loading_info=True)
   assert not any(info.values()), info

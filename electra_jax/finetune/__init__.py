@@ -7,7 +7,7 @@
   qa.py             extractive QA: SQuAD JSON, doc-stride windows, answer spans, exact match and F1
   model.py          the classifier, tagger and QA heads, where their encoder comes from, the optimiser
   loop.py           the loop: evaluation, model selection, checkpoints, resume
-  hf_classifier.py  the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
+  hf_heads.py       the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
                     directory
   __main__.py       the command line
 """

@@ -30,7 +30,7 @@ from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import weights
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import input_pipeline
-from electra_jax.finetune import hf_classifier, model as model_lib, tasks
+from electra_jax.finetune import hf_heads, model as model_lib, tasks
 
 BEST_DIR = "best"
 RESULTS_FILE = "eval_results.json"
@@ -66,7 +66,7 @@ class Classification:
 
   def save(self, mc: modeling.ModelConfig, params, tokenizer_path: str, pad_id: int, directory: str):
     """Every process takes part (the parameters are gathered); process 0 writes."""
-    hf_classifier.save(mc, sharding.to_host(params), self.names, tokenizer_path, pad_id, directory)
+    hf_heads.save(mc, sharding.to_host(params), self.names, tokenizer_path, pad_id, directory)
 
 
 def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss):
