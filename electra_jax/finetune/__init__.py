@@ -1,12 +1,13 @@
-"""Fine-tuning the discriminator on a classification, regression or sentence-pair task (`electra-finetune`, or
-`python -m electra_jax.finetune`).
+"""Fine-tuning the discriminator on a classification, regression, sentence-pair, token classification (NER-style) or
+extractive QA task (`electra-finetune`, or `python -m electra_jax.finetune`).
 
   config.py         the config schema (base_config)
   tasks.py          task data, splits, encoding, metrics
   token_tasks.py    token classification (NER-style tagging): CoNLL-style data, first-piece tags, entity metrics
   qa.py             extractive QA: SQuAD JSON, doc-stride windows, answer spans, exact match and F1
   model.py          the classifier, tagger and QA heads, where their encoder comes from, the optimiser
-  loop.py           the loop: evaluation, model selection, checkpoints, resume
+  loop.py           the loop: each task type's part (head, loss, metrics, predictions), evaluation, model selection,
+                    checkpoints, resume
   hf_heads.py       the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
                     directory
   __main__.py       the command line

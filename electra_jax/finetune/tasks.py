@@ -2,13 +2,13 @@
 task; the seeded splits (eval, dev fold, label budget); encoding into [CLS] a [SEP] (b [SEP]); the metrics."""
 import dataclasses
 import json
+from typing import Callable
 
 import numpy as np
 
 from electra_jax import packages
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import task_rows
-from electra_jax.finetune.config import METRICS
 
 
 def _finite(value) -> float | None:
@@ -96,9 +96,17 @@ def load_rows(task) -> dict[str, tuple[list[dict], str]]:
   if not task.train_file:
     raise ValueError(f"no task data: set task.name to one of {', '.join(task_rows.BUILTIN_TASKS)}, task.train_file or "
                      "task.tfds_name")
-  train = _file_rows(task.train_file, task)
+  return file_rows(task, lambda path: _file_rows(path, task))
+
+
+def file_rows(task, read: Callable[[str], list]) -> dict[str, tuple[list, str]]:
+  """{"train": (rows, where from), "eval": (rows, where from)} of task.train_file and task.eval_file, each read by
+  `read(path)`; without an eval file, a seeded task.eval_fraction of the training rows is held out."""
+  if not task.train_file:
+    raise ValueError(f"task.type={task.type} reads files: set task.train_file (and task.eval_file, task.test_file)")
+  train = read(task.train_file)
   if task.eval_file:
-    return dict(train=(train, task.train_file), eval=(_file_rows(task.eval_file, task), task.eval_file))
+    return dict(train=(train, task.train_file), eval=(read(task.eval_file), task.eval_file))
   train, evl = task_rows.split(train, task.eval_fraction, task.split_seed)
   return dict(train=(train, f"{task.train_file} (train part)"), eval=(evl, f"{task.train_file} (held-out part)"))
 
@@ -233,10 +241,9 @@ def compute_metrics(labels: np.ndarray, logits: np.ndarray, num_labels: int) -> 
               mcc=float(metrics.matthews_corrcoef(labels, pred)))
 
 
-def selection_metric(task, regression: bool) -> str:
-  """task.metric, or its default: accuracy for classification, Pearson correlation for regression."""
-  metric = task.metric or ("pearson" if regression else "accuracy")
-  allowed = METRICS[3:] if regression else METRICS[:3]
+def selection_metric(task, allowed: tuple[str, ...]) -> str:
+  """task.metric, or its default: the first of the metrics `allowed` for the task's type."""
+  metric = task.metric or allowed[0]
   if metric not in allowed:
     raise ValueError(f"task.metric={metric!r} does not apply to {task.type}: expected one of {', '.join(allowed)}")
   return metric
