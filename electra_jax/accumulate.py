@@ -1,6 +1,6 @@
 """Gradient accumulation: one step's gradient from k micro-batches of the global batch, run one after another inside
 the jitted step (a lax.scan: one micro-batch's activations live at a time) before the one optimiser update.
-Pre-training's step uses it (train.grad_accum_steps); any step with a (batch -> loss and gradient) function can."""
+Pre-training's and fine-tuning's steps use it (train.grad_accum_steps in both configs)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

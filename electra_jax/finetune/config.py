@@ -55,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,  # global
+      # Micro-batches per step (batch_size / k rows each, one after another): the same update in less memory (a
+      # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
+      grad_accum_steps=1,
       eval_batch_size=64,
       learning_rate=1e-4,
       layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)

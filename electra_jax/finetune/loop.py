@@ -24,7 +24,7 @@ import optax
 from absl import logging
 from etils import epath
 
-from electra_jax import checkpoints, modeling, sharding, state as state_lib, storage
+from electra_jax import accumulate, checkpoints, modeling, sharding, state as state_lib, storage
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import tokenizer as tokenizer_lib
@@ -201,13 +201,21 @@ def load_task(task, tok: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[Head, S
   return HEADS[task.type].load(task, tok, seq_len)
 
 
-def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss):
-  def loss_fn(params):
-    outputs = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], deterministic=False,
-                          rngs={"dropout": jax.random.fold_in(rng, state.step)})
-    return loss(outputs, batch)
+def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1):
+  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py)."""
+  step_rng = jax.random.fold_in(rng, state.step)
 
-  value, grads = jax.value_and_grad(loss_fn)(state.params)
+  def loss_and_grad(micro, rows):
+    # A dropout key per micro-batch (its first row's index); with one micro-batch, the step's key as before.
+    key = jax.random.fold_in(step_rng, rows[0]) if accum_steps > 1 else step_rng
+
+    def loss_fn(params):
+      outputs = model.apply({"params": params}, micro["input_ids"], micro["segment_ids"], deterministic=False,
+                            rngs={"dropout": key})
+      return loss(outputs, micro), {}
+    return jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+
+  (value, _), grads = accumulate.gradients(loss_and_grad, batch, accum_steps)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new_state = state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
   return new_state, dict(loss=value, grad_norm=optax.global_norm(grads))
@@ -354,6 +362,7 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   mesh = sharding.create_mesh(ft.mesh)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
+  accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
   return Setup(
@@ -361,7 +370,8 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
       source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
       steps_per_epoch=steps_per_epoch, num_steps=num_steps,
       eval_every=ft.train.eval_every or (steps_per_epoch if dev is not None else num_steps), schedule=schedule,
-      sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss)),
+      sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
+                                                          accum_steps=ft.train.grad_accum_steps)),
       predict=sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"])),
       rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1))
 
