@@ -2,7 +2,6 @@
 (NER-style) or extractive QA task.
 
   electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
-  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=exports/demo --workdir=...  # HF dir
   electra-finetune --config=configs/finetune/sentiment.py --config.tokenizer=T.model --workdir=...  # random init
   electra-finetune --config=configs/finetune/ner.py --config.task.train_file=train.jsonl --config.init_from=... \
       --workdir=...  # tagging: JSONL tokens/tags or a CoNLL column file
