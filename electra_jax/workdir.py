@@ -1,5 +1,6 @@
 """A training workdir's own files and checks (pre-training's and fine-tuning's): config.json (written, read, compared
-when a run resumes) and the lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
+when a run resumes), whether a run may write there (resume, replace or refuse; what it must keep apart from) and the
+lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
 import contextlib
 import json
 import os
@@ -64,16 +65,56 @@ def changes_since(workdir: str, config: ml_collections.ConfigDict) -> list[str] 
   return config_changes(load_config(workdir).to_dict(), json.loads(config.to_json_best_effort()))
 
 
+def _another_run(changes: list[str]) -> str:
+  return f"holds another run (its config.json differs: {'; '.join(changes)})"
+
+
 def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
   """Before pre-training writes anything: the workdir can be written, and holds no other run unless
   `allow_config_change`."""
   check_writable(workdir)
   changes = changes_since(workdir, config)
   if changes and not allow_config_change:
-    raise ValueError(f"workdir {workdir} holds another run (its config.json differs: {'; '.join(changes)}): use a "
-                     "new --workdir, or pass --allow_config_change to continue it with this config")
+    raise ValueError(f"workdir {workdir} {_another_run(changes)}: use a new --workdir, or pass --allow_config_change "
+                     "to continue it with this config")
   if changes:
     logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
+
+
+def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict) -> bool:
+  """Before fine-tuning writes anything: True when the workdir must be emptied first (it holds another run and
+  ft.overwrite); a run of the same config is resumed (log, evaluation and checkpoint cadence and the mesh may
+  change); anything else is refused."""
+  path = epath.Path(workdir)
+  if not path.exists() or not any(p.name != LOCK_FILE for p in path.iterdir()):
+    return False
+  changes = changes_since(workdir, ft)
+  if changes is None:
+    what = f"holds files but no {path / 'config.json'}"
+  elif changes:
+    what = _another_run(changes)
+  else:
+    return False
+  if not ft.overwrite:
+    raise FileExistsError(f"workdir {workdir} {what}; pass --config.overwrite=true to replace it")
+  return True
+
+
+def empty(workdir: str):
+  """Deletes everything in `workdir` but the lock (ours, held until the run ends): --config.overwrite."""
+  logging.warning("Replacing %s (--config.overwrite)", workdir)
+  for p in epath.Path(workdir).iterdir():
+    if p.name != LOCK_FILE:
+      p.rmtree() if p.is_dir() else p.unlink()
+
+
+def finetune_inputs(ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+  """What a fine-tuning run reads (`init_inputs`: init_from's, weights.inputs), which its workdir (replaced with
+  overwrite) must keep apart from (storage.refuse_overlap)."""
+  task = ft.task
+  paths = init_inputs + ([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else [])
+  paths += [(task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]]
+  return paths + ([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from electra_jax import accumulate, config as config_lib, modeling, sharding, state as state_lib
-from electra_jax.finetune import loop, model as model_lib, token_tasks
+from electra_jax.finetune import experiment, heads, model as model_lib, token_tasks
 
 
 def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
@@ -25,7 +25,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
     labels[:, ::3] = -100  # pieces that carry no tag: the micro-batches hold unequal counts of labelled pieces
     labels[::2, 1::3] = -100
   else:
-    model, loss = model_lib.Classifier(mc, 3), loop.Classification(["a", "b", "c"]).loss
+    model, loss = model_lib.Classifier(mc, 3), heads.Classification(["a", "b", "c"]).loss
     labels = rng.integers(0, 3, batch_size).astype(np.int32)
   train = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_fraction=0.0, layer_decay=0.8, weight_decay=0.01,
                                          adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0))
@@ -33,7 +33,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
   mesh = sharding.create_mesh(ml_collections.ConfigDict(dict(data=mesh[0], fsdp=mesh[1])))
   accumulate.check(batch_size, k, mesh.shape["data"] * mesh.shape["fsdp"])
   sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], tx, mesh)
-  step = sharded.jit_step(functools.partial(loop.train_step, model=model, tx=tx, loss=loss, accum_steps=k))
+  step = sharded.jit_step(functools.partial(experiment.train_step, model=model, tx=tx, loss=loss, accum_steps=k))
   batch = jax.device_put({"input_ids": ids, "segment_ids": np.zeros_like(ids), "labels": labels}, sharded.batch)
   state = sharded.init(jax.random.key(0))
   losses = []

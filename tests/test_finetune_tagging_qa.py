@@ -15,7 +15,7 @@ import pytest
 from configs.finetune import ner as ner_config, qa as qa_config
 from electra_jax import checkpoints, finetune
 from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.finetune import loop, qa, token_tasks
+from electra_jax.finetune import experiment, qa, token_tasks
 from tests import helpers, pretrain_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +63,7 @@ def _config(module, overrides: dict):
 
 def _our_logits(c, workdir, step: int):
   """The setup of config c and the eval split's outputs of the model checkpointed at `step`."""
-  s = loop.make_setup(c)
+  s = experiment.make_setup(c)
   ckpt = checkpoints.Checkpointer(str(workdir), c, s.tokenizer_path, read_only=True)
   params = ckpt.restore(s.sharded.abstract(), step=step).state.params
   ckpt.close()

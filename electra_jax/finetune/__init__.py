@@ -6,8 +6,11 @@ extractive QA task (`electra-finetune`, or `python -m electra_jax.finetune`).
   token_tasks.py    token classification (NER-style tagging): CoNLL-style data, first-piece tags, entity metrics
   qa.py             extractive QA: SQuAD JSON, doc-stride windows, answer spans, exact match and F1
   model.py          the classifier, tagger and QA heads, where their encoder comes from, the optimiser
-  loop.py           the loop: each task type's part (head, loss, metrics, predictions), evaluation, model selection,
-                    checkpoints, resume
+  heads.py          each task type's part (Head): reading and encoding its splits, model head, loss, metrics,
+                    predictions, best/'s class
+  experiment.py     what a config compiles: the splits, the model and optimiser, the pure train_step and its jit, the
+                    rows of each step
+  loop.py           the loop's own part: restore or init, evaluation, model selection, the results
   hf_heads.py       the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
                     directory
   __main__.py       the command line

@@ -1,0 +1,132 @@
+"""What a fine-tuning config compiles, before anything is written: the task's splits and head (heads.py), the model and
+optimiser, the pure train_step and its jit (state.py's), and which training rows each step takes.
+
+The batch of step i is a pure function of (train.seed, i) (one seeded permutation per epoch) and the dropout rng is
+folded with the step, so a run resumed from a checkpoint ends as an uninterrupted one does.
+"""
+import dataclasses
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from electra_jax import accumulate, modeling, sharding, state as state_lib
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import input_pipeline
+from electra_jax.finetune import model as model_lib, tasks
+from electra_jax.finetune.heads import Head, Split, load_task
+
+
+def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1):
+  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py)."""
+  step_rng = jax.random.fold_in(rng, state.step)
+
+  def loss_and_grad(micro, rows):
+    # A dropout key per micro-batch (its first row's index); with one micro-batch, the step's key as before.
+    key = jax.random.fold_in(step_rng, rows[0]) if accum_steps > 1 else step_rng
+
+    def loss_fn(params):
+      outputs = model.apply({"params": params}, micro["input_ids"], micro["segment_ids"], deterministic=False,
+                            rngs={"dropout": key})
+      return loss(outputs, micro), {}
+    return jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+
+  (value, _), grads = accumulate.gradients(loss_and_grad, batch, accum_steps)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+  return new_state, dict(loss=value, grad_norm=optax.global_norm(grads))
+
+
+@functools.lru_cache(maxsize=1)
+def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
+  """The training rows of 0-based step `step`: epoch e's seeded permutation of the n rows, cut into batches (the
+  incomplete last batch of an epoch is dropped)."""
+  epoch, i = divmod(step, n // batch_size)
+  return _permutation(seed, epoch, n)[i * batch_size:(i + 1) * batch_size]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What a run builds from its config and inputs before it writes anything."""
+  ft: ml_collections.ConfigDict
+  head: Head
+  mc: modeling.ModelConfig  # the encoder's, with the fine-tuning dropout
+  tokenizer_path: str
+  pad_id: int
+  source: tuple  # init_from's (pre-training config, params or None for random init)
+  train: Split
+  dev: Split | None  # the fold model selection uses, if any
+  eval: Split
+  test: Split | None  # rows to predict
+  metric: str  # what model selection maximises
+  steps_per_epoch: int
+  num_steps: int
+  eval_every: int
+  schedule: Callable[[int], float]
+  sharded: state_lib.Sharded
+  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
+  predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
+  rng: jax.Array
+
+  def global_batch(self, examples: tasks.Examples, rows: np.ndarray) -> dict[str, jax.Array]:
+    """The global batch of `rows`, from this host's share of them."""
+    n = len(rows) // jax.process_count()
+    local = rows[jax.process_index() * n:(jax.process_index() + 1) * n]
+    return input_pipeline.to_global({k: getattr(examples, k)[local] for k in self.head.fields}, self.sharded.batch)
+
+  def outputs(self, params, examples: tasks.Examples) -> np.ndarray:
+    """The head's outputs for every example once: the last batch is padded with copies of row 0, whose outputs are
+    dropped."""
+    n, ebs = len(examples.labels), self.ft.train.eval_batch_size
+    out = [self.predict(params, self.global_batch(examples, np.arange(start, start + ebs) % n), self.rng)
+           for start in range(0, n, ebs)]
+    return np.concatenate(sharding.to_host(out))[:n]  # every host's rows, gathered
+
+
+def make_setup(ft: ml_collections.ConfigDict) -> Setup:
+  """What `ft` builds (the data read and encoded, the model, its jitted step); nothing is written."""
+  src_config, src_params, tokenizer_path = model_lib.load_source(ft)
+  tok = tokenizer_lib.Tokenizer(tokenizer_path)
+  if tok.vocab_size != src_config.data.vocab_size:
+    raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
+                     f"{src_config.data.vocab_size}")
+  seq_len = min(ft.seq_len, src_config.model.max_position_embeddings)
+  head, train, eval_, test = load_task(ft.task, tok, seq_len)
+  metric = tasks.selection_metric(ft.task, head.selectable)
+  rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
+  train, dev = head.take(train, rest), head.take(train, dev) if len(dev) else None
+
+  # The discriminator alone, in the shared layout, with the fine-tuning dropout.
+  mc = dataclasses.replace(modeling.ModelConfig.from_config(src_config), embedding_sharing="shared",
+                           dropout_rate=ft.train.dropout_rate, attention_dropout_rate=ft.train.dropout_rate)
+  model = head.model(mc)
+  steps_per_epoch = len(train.examples.labels) // ft.train.batch_size
+  if not steps_per_epoch:
+    raise ValueError(f"{len(train.examples.labels)} training examples do not fill one batch of {ft.train.batch_size}")
+  num_steps = max(1, math.ceil(ft.task.num_epochs * steps_per_epoch))
+  tx, schedule = model_lib.optimizer(ft.train, num_steps, mc.discriminator.num_layers)
+
+  mesh = sharding.create_mesh(ft.mesh)
+  sharding.check_batch(ft.train.batch_size, mesh)
+  sharding.check_batch(ft.train.eval_batch_size, mesh)
+  accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  dummy = jnp.zeros((1, seq_len), jnp.int32)
+  sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
+  return Setup(
+      ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
+      source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
+      steps_per_epoch=steps_per_epoch, num_steps=num_steps,
+      eval_every=ft.train.eval_every or (steps_per_epoch if dev is not None else num_steps), schedule=schedule,
+      sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
+                                                          accum_steps=ft.train.grad_accum_steps)),
+      predict=sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"])),
+      rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1))

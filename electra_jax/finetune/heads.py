@@ -1,0 +1,178 @@
+"""What each fine-tuning task type brings (its `Head`): how its splits are read, encoded and carved, its model head and
+loss, the batch fields, metrics, prediction rows and best/'s HF class. `Classification` (and regression), `Tagging`
+(token classification) and `QA`, chosen by task.type in HEADS; a new task type is one more Head here.
+"""
+import dataclasses
+from typing import Callable, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from electra_jax import modeling, sharding
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.finetune import hf_heads, model as model_lib, qa, tasks, token_tasks
+from electra_jax.finetune.config import METRICS
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """One split of a task: its units (tagging's sentences, QA's questions; for classification the examples themselves)
+  and their encoding, whose examples the loop batches and predicts (a row per text, sentence or QA window)."""
+  rows: list[dict] | None  # None: classification, whose units are its examples
+  encoded: tasks.Examples | token_tasks.Encoded | qa.Features
+
+  @property
+  def examples(self) -> tasks.Examples:
+    return self.encoded if self.rows is None else self.encoded.examples
+
+  @property
+  def size(self) -> int:
+    """What a dev fold, a label budget and the results count: texts, sentences or questions."""
+    return len(self.encoded.labels) if self.rows is None else len(self.rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+  """What a task type brings to the loop: its model head and loss, how its splits are read, encoded and carved, its
+  metrics (`selectable`: those model selection may maximise, the default first), prediction rows and best/ (the HF
+  class of its head, hf_heads.py)."""
+  names: list[str] | None  # the labels or tags; None: regression and QA
+  fields: ClassVar[tuple[str, ...]] = ("input_ids", "segment_ids", "labels")  # of tasks.Examples, in each batch
+  module: ClassVar[type[nn.Module]]  # finetune/model.py's, built as module(model_config, num_labels)
+  selectable: ClassVar[tuple[str, ...]]
+
+  @property
+  def num_labels(self) -> int:
+    return 1 if self.names is None else len(self.names)
+
+  def model(self, mc: modeling.ModelConfig) -> nn.Module:
+    return self.module(mc, self.num_labels)
+
+  def save(self, mc: modeling.ModelConfig, params, tokenizer_path: str, pad_id: int, directory: str):
+    """Every process takes part (the parameters are gathered); process 0 writes."""
+    hf_heads.save(mc, sharding.to_host(params), self.names, tokenizer_path, pad_id, directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Classification(Head):
+  """Sequence classification, or regression (no label names): ELECTRA's classification head on [CLS], cross-entropy
+  or squared error, tasks.compute_metrics, a row per example in predictions_<split>.jsonl, and best/ as HF's
+  ElectraForSequenceClassification."""
+  module: ClassVar = model_lib.Classifier
+
+  @classmethod
+  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+    """(head, train, eval, test or None) of the task's rows."""
+    train, eval_, test, names = tasks.make_examples(task, tok, seq_len)
+    return cls(names), Split(None, train), Split(None, eval_), None if test is None else Split(None, test)
+
+  @property
+  def selectable(self) -> tuple[str, ...]:
+    return METRICS[3:] if self.names is None else METRICS[:3]
+
+  def loss(self, logits: jax.Array, batch: dict) -> jax.Array:
+    if self.names is None:
+      return jnp.mean((logits[:, 0] - batch["labels"]) ** 2)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+  def take(self, split: Split, index: np.ndarray) -> Split:
+    return Split(None, split.encoded.take(index))
+
+  def metrics(self, split: Split, logits: np.ndarray) -> dict:
+    return tasks.compute_metrics(split.encoded.labels, logits, self.num_labels)
+
+  def prediction_rows(self, split: Split, logits: np.ndarray) -> list[dict]:
+    del split
+    return tasks.prediction_rows(logits, self.names)
+
+
+def _read_files(task, read: Callable[[str, bool], list[dict]]) -> tuple[tuple[list[dict], str], ...]:
+  """(rows, where from) of the train, eval and test files (the test rows, unlabelled, None without task.test_file)
+  of a task read by `read(path, labelled)`."""
+  train, eval_ = tasks.file_rows(task, lambda path: read(path, True)).values()
+  return train, eval_, (read(task.test_file, False), task.test_file) if task.test_file else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tagging(Head):
+  """Token classification (token_tasks.py): a tag per word on its first piece, the loss over those pieces, entity
+  precision, recall and F1 (conlleval's) and word accuracy, a row of tags per sentence, and best/ as HF's
+  ElectraForTokenClassification. Units: sentences."""
+  module: ClassVar = model_lib.TokenClassifier
+  selectable: ClassVar = token_tasks.METRICS
+  loss = staticmethod(token_tasks.loss)
+
+  @classmethod
+  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+    """(head, train, eval, test or None) of task.train_file, eval_file and test_file: JSONL or column files."""
+    splits = _read_files(task, lambda path, labelled: token_tasks.read_rows(path, task.tokens_field, task.tags_field,
+                                                                            labelled))
+    head = cls(token_tasks.tag_names(splits[0][0]))
+    encode = lambda rows, where: Split(rows, token_tasks.encode(tok, rows, head.names, seq_len, where))
+    return head, *(None if p is None else encode(*p) for p in splits)
+
+  def take(self, split: Split, index: np.ndarray) -> Split:
+    e = split.encoded
+    return Split([split.rows[i] for i in index],
+                 token_tasks.Encoded(e.examples.take(index), e.words[index], e.num_words[index]))
+
+  def tags(self, split: Split, logits: np.ndarray) -> list[list[str]]:
+    return token_tasks.predict(logits, split.encoded, self.names)
+
+  def metrics(self, split: Split, logits: np.ndarray) -> dict:
+    return token_tasks.compute_metrics([r["tags"] for r in split.rows], self.tags(split, logits))
+
+  def prediction_rows(self, split: Split, logits: np.ndarray) -> list[dict]:
+    return token_tasks.prediction_rows(self.tags(split, logits), split.rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class QA(Head):
+  """Extractive QA (qa.py): [CLS] question [SEP] window [SEP] features over doc-stride windows, the start/end loss,
+  the best span over a question's windows, SQuAD's exact match and F1, a row per question, and best/ as HF's
+  ElectraForQuestionAnswering. Units: questions; the loop batches and predicts their windows."""
+  max_answer_length: int = 30
+  n_best_size: int = 20
+  module: ClassVar = model_lib.QuestionAnswering
+  selectable: ClassVar = qa.METRICS
+  loss = staticmethod(qa.loss)
+
+  @property
+  def num_labels(self) -> int:
+    return 2  # start, end
+
+  @classmethod
+  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+    """(head, train, eval, test or None) of task.train_file, eval_file and test_file: SQuAD v1.1 JSON."""
+    encode = lambda rows: Split(rows, qa.encode(tok, rows, seq_len, task.doc_stride, task.max_query_length))
+    return (cls(None, task.max_answer_length, task.n_best_size),
+            *(None if p is None else encode(p[0]) for p in _read_files(task, qa.read_squad)))
+
+  def take(self, split: Split, index: np.ndarray) -> Split:
+    """The questions at `index` (sorted) and their windows, renumbered."""
+    f = split.encoded
+    windows = np.flatnonzero(np.isin(f.row, index))
+    return Split([split.rows[i] for i in index], qa.Features(
+        f.examples.take(windows), np.searchsorted(index, f.row[windows]).astype(np.int32), f.offsets[windows]))
+
+  def answers(self, split: Split, logits: np.ndarray) -> list[tuple[str, float | None]]:
+    return qa.predict(logits, split.encoded, split.rows, self.max_answer_length, self.n_best_size)
+
+  def metrics(self, split: Split, logits: np.ndarray) -> dict:
+    return qa.compute_metrics([text for text, _ in self.answers(split, logits)], split.rows)
+
+  def prediction_rows(self, split: Split, logits: np.ndarray) -> list[dict]:
+    return qa.prediction_rows(self.answers(split, logits), split.rows)
+
+
+HEADS = {"classification": Classification, "regression": Classification, "token_classification": Tagging, "qa": QA}
+
+
+def load_task(task, tok: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[Head, Split, Split, Split | None]:
+  """The head of task.type and its (train, eval, test or None) splits."""
+  if task.type not in HEADS:
+    raise ValueError(f"task.type={task.type!r}: expected one of {', '.join(HEADS)}")
+  return HEADS[task.type].load(task, tok, seq_len)
