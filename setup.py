@@ -48,7 +48,7 @@ setuptools.setup(
     entry_points={
         "console_scripts": [
             "electra-prepare=electra_jax.prepare:run",
-            "electra-pretrain=electra_jax.pretrain:run",
+            "electra-pretrain=electra_jax.pretrain.__main__:run",
             "electra-export=electra_jax.export:run",
             "electra-finetune=electra_jax.finetune.__main__:run",
             "electra-bench=electra_jax.bench:run",

@@ -128,7 +128,8 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_only, shards):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import experiment, flops, modeling, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax import flops, modeling, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
   sharding.initialize_runtime()

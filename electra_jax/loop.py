@@ -1,14 +1,16 @@
-"""The training loop pre-training (train.py) and fine-tuning (finetune/loop.py) share: its config check, the progress
-bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing. A loop brings
-what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its checkpoints carry."""
+"""The training loop pre-training (pretrain/loop.py) and fine-tuning (finetune/loop.py) share: its config check, the
+progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
+resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
+checkpoints carry."""
 import math
+import sys
 from typing import Callable, Protocol, Sequence
 
 import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, closing, preemption
+from electra_jax import checkpoints, preemption
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
 
@@ -75,11 +77,12 @@ class Body(Protocol):
 
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
         log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
-        closers: Sequence[Callable[[], object]]) -> tuple[TrainState, bool]:
+        closers: Sequence[Callable[[], object]], done: Callable[[], bool] = lambda: False) -> tuple[TrainState, bool]:
   """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss and grad_norm)`) to `num_steps`:
   logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never a non-finite state,
   nor over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when
-  SIGTERM/SIGINT stops the run. Closes the bar and `closers` however it ends. Returns (state, whether a signal
+  SIGTERM/SIGINT stops the run. Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
+  step when it says so at the start. Closes the bar and `closers` however it ends. Returns (state, whether a signal
   stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
@@ -87,7 +90,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
   in_flight = InFlight(ckpt)
   with preemption.Watcher() as watcher:
     try:
-      for step in range(int(state.step) + 1, num_steps + 1):
+      for step in range(int(state.step) + 1, num_steps + 1) if not done() else ():
         state, step_metrics = step_fn(state, body.batch(step), rng)
         bar.update()
         stop = watcher.reached(step)
@@ -98,13 +101,33 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now)
         if postfix:
           bar.set_postfix(postfix)
-        if save_now:
+        finished = done()
+        if save_now or finished:
           lock.check()
           ckpt.save(step, state, body.extra(), force=True, rng=rng)
         if stop:
           logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
                           watcher.signal or "a preemption notice", step, ckpt.directory)
           return state, True
+        if finished:
+          break
     finally:
-      closing.close_all((bar.close, *closers))
+      close_all((bar.close, *closers))
   return state, False
+
+
+def close_all(closers: Sequence[Callable[[], object]]):
+  """Closes a loop's resources (progress bar, writers, checkpointer) from a `finally:`, however the loop ended. Every
+  closer runs (a checkpointer's close waits for a pending save), and none replaces the loop's own error: a closer's
+  error is raised only when the loop had none, and only the first one."""
+  error, closing_error = sys.exc_info()[1], None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # pylint: disable=broad-except
+      if error or closing_error:
+        logging.warning("%s also failed: %s", close.__qualname__, " ".join(str(e).split()))
+      else:
+        closing_error = e
+  if closing_error:
+    raise closing_error

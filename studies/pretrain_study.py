@@ -43,7 +43,8 @@ def step_time(config, workdir: str, remeasure: bool = False):
     return json.loads(path.read_text())["step_time_s"]
   if not remeasure:
     return None
-  from electra_jax import bench, experiment  # pylint: disable=g-import-not-at-top
+  from electra_jax import bench  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   exp = experiment.create(config, SpecialIds())
   seconds = statistics.median(bench.time_steps(exp, config, SpecialIds(), steps=10)["step_time_s"] for _ in range(3))
@@ -108,7 +109,8 @@ def main(argv):
   cli.quiet_orbax()
   del argv
   study = _CONFIG.value
-  from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
   results = {}
   for name in study.recipes.split(","):
@@ -119,7 +121,7 @@ def main(argv):
         _REPORT_ONLY.value or pathlib.Path(workdir, "step_time.json").exists()))
     if not _REPORT_ONLY.value and not _TIME_ONLY.value:
       print(f"== {name}: {pretrain_study.RECIPES[name][0]} ({seconds:.3f} s/step alone)", flush=True)
-      train.train_and_evaluate(config, workdir)
+      pretrain_loop.train_and_evaluate(config, workdir)
     results[name] = (evals(workdir), seconds)
   if _TIME_ONLY.value:
     print(json.dumps({k: v[1] for k, v in results.items()}))

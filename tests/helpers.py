@@ -9,7 +9,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from electra_jax import checkpoints, experiment
+from electra_jax import checkpoints
+from electra_jax.pretrain import experiment
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
 

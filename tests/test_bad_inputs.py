@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from electra_jax import train
+from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.data import build, prepared
 from tests import pretrain_cli as cli
 from tests.test_checkpoints import _wait
@@ -50,7 +50,7 @@ class _Setting(dict):
   def _trained(self):
     c = copy.deepcopy(self.config)
     c.train.update(num_steps=2, checkpoint_every=2, eval_every=1000)
-    train.train_and_evaluate(c, str(self["base"] / "trained"))
+    pretrain_loop.train_and_evaluate(c, str(self["base"] / "trained"))
     return self["base"] / "trained"
 
   def _few(self):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from electra_jax import experiment, flops
+from electra_jax import flops
+from electra_jax.pretrain import experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def test_bench_memory_only_compiles_per_device_share():
 
 
 def test_bench_imports_without_tensorflow():
-  code = "import sys; import electra_jax.bench, electra_jax.train; assert 'tensorflow' not in sys.modules"
+  code = "import sys; import electra_jax.bench, electra_jax.pretrain.loop; assert 'tensorflow' not in sys.modules"
   subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
 
 

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, experiment, weights
+from electra_jax import checkpoints, weights
+from electra_jax.pretrain import experiment
 from electra_jax import workdir as workdir_lib
 from tests import pretrain_cli as cli
 

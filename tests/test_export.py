@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import experiment, modeling, optim, sharding, train, weights
+from electra_jax import modeling, optim, sharding, weights
+from electra_jax.pretrain import experiment, loop as pretrain_loop
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
@@ -202,20 +203,20 @@ def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
   params = helpers.random_params(config)
   hf_directory.export(config, params, str(tmp_path / "hf"))
   config.train.update(init_from=str(tmp_path / "hf"), learning_rate=0.0, num_steps=1, eval_every=1)
-  train.train_and_evaluate(config, str(tmp_path / "run"))
+  pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
   restored = weights.load(str(tmp_path / "run")).params
   jax.tree.map(np.testing.assert_array_equal, restored, params)
 
   # Google's releases keep the generator in a directory of its own: train.init_from_generator names it.
   shutil.move(str(tmp_path / "hf" / "generator"), str(tmp_path / "generator"))
   config.train.init_from_generator = str(tmp_path / "generator")
-  train.train_and_evaluate(config, str(tmp_path / "run_apart"))
+  pretrain_loop.train_and_evaluate(config, str(tmp_path / "run_apart"))
   jax.tree.map(np.testing.assert_array_equal, weights.load(str(tmp_path / "run_apart")).params, params)
   config.train.init_from_generator = ""
 
   config.model.intermediate_size *= 2
   with pytest.raises(ValueError, match=r"does not fit this config at discriminator/layer_0/intermediate/bias: \(128"):
-    train.train_and_evaluate(config, str(tmp_path / "wider"))
+    pretrain_loop.train_and_evaluate(config, str(tmp_path / "wider"))
   assert not (tmp_path / "wider").exists()
 
 

@@ -7,7 +7,7 @@ from sklearn import metrics
 
 from studies import pretrain_study as study_lib
 from configs.studies import pretrain_study
-from electra_jax import experiment, train
+from electra_jax.pretrain import experiment, loop as pretrain_loop
 from electra_jax.data import input_pipeline
 
 
@@ -27,7 +27,7 @@ def test_report_reads_the_evaluations_of_a_real_run(tiny_data, tmp_path):
   config = copy.deepcopy(tiny_data[0])
   config.train.update(num_steps=4, eval_every=2, log_every=2, checkpoint_every=4)
   workdir = tmp_path / "study" / "lr1e-3"
-  state = train.train_and_evaluate(config, str(workdir))
+  state = pretrain_loop.train_and_evaluate(config, str(workdir))
   rows = study_lib.evals(str(workdir))
   assert [r["step"] for r in rows] == [2, 4]
   # The last AUC is the final discriminator's over every held-out token: the final parameters evaluated again, the

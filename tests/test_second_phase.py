@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax import checkpoints, experiment, optim, sharding, train, weights
+from electra_jax import checkpoints, optim, sharding, weights
+from electra_jax.pretrain import experiment, loop as pretrain_loop
 from electra_jax.data import build, input_pipeline
 from electra_jax.data import prepared as prepared_lib
 from electra_jax.hf import directory as hf_directory
@@ -25,13 +26,13 @@ def _assert_same(a, b):
 
 
 def _start(config, workdir: str):
-  """What train.train_and_evaluate(config, workdir) starts from: (state on the host, input position)."""
+  """What pretrain_loop.train_and_evaluate(config, workdir) starts from: (state on the host, input position)."""
   config = weights.with_init_tokenizer(config)
   prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path, read_only=True)
   try:
-    state, position, _ = train.restore_or_init(exp, ckpt, prepared.tokenizer_path)
+    state, position, _ = pretrain_loop.restore_or_init(exp, ckpt, prepared.tokenizer_path)
   finally:
     ckpt.close()
   return jax.device_get(state), position
@@ -51,7 +52,7 @@ def _checkpoint(config, workdir: str, step: int):
 def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   first = helpers.tiny_config(tiny_data)
   first.train.update(num_steps=4, log_every=2, eval_every=4, checkpoint_every=4)
-  end = jax.device_get(train.train_and_evaluate(first, str(tmp_path / "phase1")))
+  end = jax.device_get(pretrain_loop.train_and_evaluate(first, str(tmp_path / "phase1")))
 
   second = copy.deepcopy(first)
   second.data.update(seq_len=LONG, data_dir=str(tmp_path / "data"))
@@ -75,14 +76,14 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   assert all(np.any(x) for x in jax.tree.leaves(optax.tree_utils.tree_get(state.opt_state, "nu")))
   second.train.num_steps = 4  # counts both phases' steps
   with pytest.raises(ValueError, match="phase1 is at step 4, which leaves nothing to train up to train.num_steps=4"):
-    train.train_and_evaluate(second, workdir)
+    pretrain_loop.train_and_evaluate(second, workdir)
   assert not (tmp_path / "phase2").exists()
   second.train.num_steps = 6
 
   fed = []
   to_global = input_pipeline.to_global
   monkeypatch.setattr(input_pipeline, "to_global", lambda batch, where: fed.append(batch) or to_global(batch, where))
-  train.train_and_evaluate(second, workdir)
+  pretrain_loop.train_and_evaluate(second, workdir)
   resolved = weights.with_init_tokenizer(second)
   it = input_pipeline.train_iterator(resolved, prepared)
   try:
@@ -113,7 +114,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   second.train.num_steps = 8
   state, position = _start(second, workdir)
   assert int(state.step) == 6 and position == {"step": 2}
-  train.train_and_evaluate(second, workdir)
+  pretrain_loop.train_and_evaluate(second, workdir)
   records = [json.loads(l) for l in (tmp_path / "phase2" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [5, 6, 7, 8] and all(np.isfinite(r["loss"]) for r in records)
   assert records[0]["learning_rate"] == pytest.approx(schedule(4))
@@ -135,5 +136,5 @@ def test_init_from_state_refuses_what_it_cannot_continue(tiny_data, tmp_path):
     config.train.update(init_from=init_from, init_from_state=True)
     config.objective.name = objective
     with pytest.raises(ValueError, match=message):
-      train.train_and_evaluate(config, str(tmp_path / "run"))
+      pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from electra_jax import config as config_lib
-from electra_jax import experiment
+from electra_jax.pretrain import experiment
 from electra_jax.special_ids import SpecialIds
 
 

@@ -8,7 +8,8 @@ from studies import finetune_demo
 from studies.replicate import plan
 from electra_jax import workdir as workdir_lib
 from electra_jax import finetune as finetune_lib
-from electra_jax import storage, train
+from electra_jax import storage
+from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.data import prepared
 
 TFIDF, RANDOM = "TF-IDF 1-2-gram + LR", "random init"  # the floors, as results["floors"] names them
@@ -42,7 +43,7 @@ def pretrain(config, workdir: str) -> bool:
   if os.path.isdir(os.path.join(workdir, "checkpoints", str(config.train.num_steps))):
     workdir_lib.check_workdir(workdir, config)  # this study's run, not another one's that reached the same step
     return False
-  train.train_and_evaluate(config, workdir)
+  pretrain_loop.train_and_evaluate(config, workdir)
   return True
 
 

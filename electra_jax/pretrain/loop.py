@@ -1,18 +1,19 @@
 """The pre-training loop's own part: a workdir's checks, restore or init (the input position included), batches from
-the input pipeline, logging with throughput, held-out evaluation; loop.py runs the steps, checkpoints and
-preemption."""
+the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
+steps, checkpoints and preemption."""
 import time
 
 import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, experiment, flops, weights
+from electra_jax import checkpoints, flops, weights
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import input_pipeline
 from electra_jax.data import prepared as prepared_lib
+from electra_jax.pretrain import experiment
 from electra_jax.state import TrainState
 
 

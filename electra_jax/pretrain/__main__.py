@@ -30,9 +30,10 @@ def define_flags():
 
 
 def main(config, workdir, allow_config_change):
-  from electra_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
-  train.train_and_evaluate(config, workdir, allow_config_change=allow_config_change)
+  pretrain_loop.train_and_evaluate(config, workdir, allow_config_change=allow_config_change)
   print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json\n"
         f"TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')}")
 
