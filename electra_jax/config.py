@@ -61,6 +61,9 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # mean, so the update equals the whole batch's when micro-batches hold equal token counts (full packed rows)
       # and otherwise weighs micro-batches equally, as common accumulation does.
       grad_accum_steps=1,
+      # adamw (optax's bias-corrected AdamW, warm-up handing over to the decay) | official (the official ELECTRA
+      # code's: Adam without bias correction, warm-up factor times a decay from step 0); optim.py has both.
+      optimizer="adamw",
       learning_rate=5e-4,
       warmup_steps=10_000,
       weight_decay=0.01,

@@ -1,16 +1,25 @@
-"""The optimiser recipe of the paper: AdamW (β=(0.9, 0.999), ε=1e-6), decoupled weight decay 0.01 except on
-LayerNorm and biases, global-norm clipping at 1.0, linear warm-up then linear decay to 0.
+"""The optimiser of pre-training and fine-tuning, one of two recipes (train.optimizer), both Adam (β=(0.9, 0.999),
+ε=1e-6) with decoupled weight decay 0.01 except on LayerNorm and biases and global-norm clipping at 1.0:
 
-We use optax's standard pieces: bias-corrected Adam and a warm-up that hands over to the decay (the official code
-multiplies an overlapping warm-up and decay and has no bias correction; the difference matters only in the first
-few thousand steps).
+  adamw     optax's AdamW: bias-corrected Adam, a linear warm-up that hands over to a linear decay to 0;
+  official  the official ELECTRA code's (model/optimization.py): Adam without bias correction
+            (AdamWeightDecayOptimizer) and lr = peak · min(1, step / warmup) · (1 - step / total)^1, the warm-up
+            factor multiplying a decay that starts at step 0.
+
+The two differ mostly in the first few thousand steps: without bias correction Adam's first steps are larger (m is
+small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
 """
 import flax
+import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
+OPTIMIZERS = ("adamw", "official")
+
 
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
+  """adamw's: linear warm-up to `peak`, then linear decay to 0 at total_steps."""
   warmup_steps = max(1, min(warmup_steps, total_steps))
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak, warmup_steps),
@@ -18,22 +27,58 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> 
       [warmup_steps])
 
 
+def official_schedule(peak: float, warmup_steps: float, total_steps: int, power: float = 1.0) -> optax.Schedule:
+  """The official one: tf.train.polynomial_decay(peak, step, total_steps, 0, power) times min(1, step / warmup_steps)
+  (warmup_steps unrounded, as total · warmup_proportion is there; 0: no warm-up)."""
+  decay = optax.polynomial_schedule(peak, 0.0, power, total_steps)
+
+  def schedule(count):
+    return decay(count) * (jnp.minimum(1.0, count / warmup_steps) if warmup_steps > 0 else 1.0)
+  return schedule
+
+
 def decay_mask(params):
-  """True for weights that decay: every kernel and embedding table, not LayerNorm parameters nor biases."""
+  """True for weights that decay: every kernel and embedding table, not LayerNorm parameters nor biases (the
+  official code excludes names matching LayerNorm|layer_norm|bias; ours are HF's names, the same split)."""
   flat = flax.traverse_util.flatten_dict(params)
   return flax.traverse_util.unflatten_dict(
       {path: not (path[-1] in ("bias", "scale") or "LayerNorm" in path[-2]) for path in flat})
 
 
-def adamw(schedule: optax.Schedule, train: ml_collections.ConfigDict, mask=decay_mask) -> optax.GradientTransformation:
-  return optax.chain(
-      optax.clip_by_global_norm(train.clip_norm),
-      optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
-                  weight_decay=train.weight_decay, mask=mask),
-  )
+def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """Adam's direction m / (√v + ε) without bias correction, as the official AdamWeightDecayOptimizer (optax's
+  scale_by_adam always corrects). Its state is optax's ScaleByAdamState, so that two_stage's Adam restart finds it."""
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
+
+  def update(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    return (jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu),
+            optax.ScaleByAdamState(count=state.count + 1, mu=mu, nu=nu))
+  return optax.GradientTransformation(init, update)
+
+
+def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask):
+  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps."""
+  # .get: config.json of workdirs from before the key was added lacks it.
+  name = train.get("optimizer", "adamw")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"train.optimizer={name!r}: expected one of {', '.join(OPTIMIZERS)}")
+  if name == "adamw":
+    schedule = learning_rate_schedule(train.learning_rate, int(warmup_steps), total_steps)
+    adam = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
+                       weight_decay=train.weight_decay, mask=mask)
+  else:
+    schedule = official_schedule(train.learning_rate, warmup_steps, total_steps)
+    adam = optax.chain(scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps),
+                       optax.add_decayed_weights(train.weight_decay, mask),
+                       optax.scale_by_learning_rate(schedule))
+  return optax.chain(optax.clip_by_global_norm(train.clip_norm), adam), schedule
 
 
 def create(train: ml_collections.ConfigDict):
   """The pre-training optimiser and its schedule (the schedule is also logged)."""
-  schedule = learning_rate_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
-  return adamw(schedule, train), schedule
+  return build(train, train.warmup_steps, train.num_steps)

@@ -70,7 +70,8 @@ def _config(init_from="", tokenizer="", **task):
 
 def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   """Two AdamW steps with the same gradient: the second update is -lr·multiplier per parameter (no weight decay,
-  warm-up over), which must be lr·decay^(L+1) for the embeddings, lr·decay^(L-i) for layer i, lr for the head."""
+  warm-up over), which must be lr·decay^(L+2) for the embeddings, lr·decay^(L+1-i) for layer i, lr for the head (the
+  official _get_layer_lrs)."""
   c = _config()
   c.train.update(weight_decay=0.0, warmup_fraction=0.0, layer_decay=0.8, learning_rate=1e-3, adam_eps=0.0)
   mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data))
@@ -83,9 +84,9 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   update = jax.jit(tx.update)
   _, state = update(grads, tx.init(params), params)
   updates, _ = update(grads, state, params)
-  expected = {("electra", "embeddings"): 0.8 ** (L + 1), ("electra", "discriminator", "embeddings_project"):
-              0.8 ** (L + 1), ("classifier",): 1.0}
-  expected.update({("electra", "discriminator", f"layer_{i}"): 0.8 ** (L - i) for i in range(L)})
+  expected = {("electra", "embeddings"): 0.8 ** (L + 2), ("electra", "discriminator", "embeddings_project"):
+              0.8 ** (L + 2), ("classifier",): 1.0}
+  expected.update({("electra", "discriminator", f"layer_{i}"): 0.8 ** (L + 1 - i) for i in range(L)})
   seen = set()
   for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
     names = tuple(k.key for k in path)

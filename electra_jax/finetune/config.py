@@ -68,8 +68,9 @@ def base_config() -> ml_collections.ConfigDict:
       eval_every=0,  # evaluate every N steps and at the end; 0 = after every epoch with a dev fold, else at the end
       checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)
       keep_checkpoints=1,
-      # The AdamW recipe (weight decay, betas, epsilon, clipping) is pre-training's.
-      **{k: pretrain.train[k] for k in ("weight_decay", "adam_b1", "adam_b2", "adam_eps", "clip_norm")},
+      # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
+      # clipping) are pre-training's.
+      **{k: pretrain.train[k] for k in ("optimizer", "weight_decay", "adam_b1", "adam_b2", "adam_eps", "clip_norm")},
   ))
   c.mesh = pretrain.mesh
   c.lock()

@@ -1,5 +1,5 @@
 """The fine-tuned models: the discriminator's encoder ("electra") with a task head named as in HF transformers, where
-the encoder weights come from, and AdamW with layer-wise LR decay.
+the encoder weights come from, and the optimiser with layer-wise LR decay.
 
   Classifier          [B, num_labels] from the [CLS] state  (ElectraForSequenceClassification; 1 label: regression)
   TokenClassifier     [B, L, num_labels], one per piece      (ElectraForTokenClassification)
@@ -83,16 +83,18 @@ MODELS = {"classification": Classifier, "regression": Classifier, "token_classif
 
 
 def lr_multiplier(path, num_layers: int, decay: float) -> float:
-  """Layer-wise LR decay: embeddings (and their projection) decay^(L+1), layer i decay^(L-i), the head 1."""
+  """Layer-wise LR decay as the official _get_layer_lrs: depth 0 for the embeddings (and their projection), i + 1
+  for encoder layer i, L + 2 for the task head, and lr · decay^(L + 2 - depth): the embeddings decay^(L+2), layer i
+  decay^(L+1-i), the head 1."""
   names = [getattr(k, "key", str(k)) for k in path]
   if "electra" not in names:
     return 1.0
   layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
-  return decay ** (num_layers - layer[0] if layer else num_layers + 1)
+  return decay ** (num_layers + 1 - layer[0] if layer else num_layers + 2)
 
 
 def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
-  """Scales each parameter's update by lr_multiplier: with AdamW before it, that is the per-layer learning rate
+  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
   (weight decay included, as in the official code)."""
   def update(updates, state, params=None):
     del params
@@ -101,8 +103,9 @@ def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransform
 
 
 def optimizer(train, num_steps: int, num_layers: int):
-  schedule = optim.learning_rate_schedule(train.learning_rate, int(train.warmup_fraction * num_steps), num_steps)
-  return optax.chain(optim.adamw(schedule, train), layerwise_lr_decay(num_layers, train.layer_decay)), schedule
+  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, and layer-wise LR decay."""
+  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps)
+  return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
 
 
 def load_source(ft: ml_collections.ConfigDict):
