@@ -1,7 +1,9 @@
 """What pins us to the official ELECTRA code (google-research/electra) where docs/fidelity.md says we follow it: its
 optimiser step for step, its layer-wise LR decay, its weight-decay mask, and continued pre-training from checkpoints
 of the shapes Google released."""
+import importlib
 import os
+import random
 import re
 import subprocess
 import sys
@@ -287,3 +289,116 @@ def test_pretraining_continues_from_a_released_shape(preset, tiny_data, tmp_path
   released = weights.load(disc_dir, generator=gen_dir).params
   jax.tree.map(np.testing.assert_array_equal, restored, released)
   assert restored["generator_head"]["dense"]["kernel"].shape == (gen_size[0], gen_size[3])
+
+
+# --- Model sizes and the data builder -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["small", "small_plus", "base", "large"])
+def test_generator_is_the_official_generator_config(preset):
+  """run_pretraining.get_generator_config: hidden round(H · generator_hidden_size), the same depth, FFN 4 · hidden,
+  max(1, hidden // 64) heads; ours scales heads and FFN by the fraction: the same at every preset."""
+  mc = modeling.ModelConfig.from_config(importlib.import_module(f"configs.{preset}").get_config())
+  d, g = mc.discriminator, mc.generator
+  hidden = int(round(d.hidden_size * {"small": 0.25, "small_plus": 1.0, "base": 0.33333, "large": 0.25}[preset]))
+  assert (g.hidden_size, g.num_layers, g.intermediate_size, g.num_heads) == (
+      hidden, d.num_layers, 4 * hidden, max(1, hidden // 64))
+
+
+class _OfficialExampleBuilder:
+  """build_pretraining_dataset.py's ExampleBuilder on token ids, drawing from `rng` (the official code uses the
+  random module) and starting from `target_length` (ours draws each document's first target: see below)."""
+
+  def __init__(self, max_length, rng, target_length):
+    self._current_sentences, self._current_length = [], 0
+    self._max_length, self._target_length, self._rng = max_length, target_length, rng
+
+  def add_line(self, bert_tokids):
+    if (not bert_tokids) and self._current_length != 0:  # empty lines separate docs
+      return self._create_example()
+    self._current_sentences.append(bert_tokids)
+    self._current_length += len(bert_tokids)
+    if self._current_length >= self._target_length:
+      return self._create_example()
+    return None
+
+  def _create_example(self):
+    if self._rng.random() < 0.1:
+      first_segment_target_length = 100000
+    else:
+      first_segment_target_length = (self._target_length - 3) // 2
+    first_segment, second_segment = [], []
+    for sentence in self._current_sentences:
+      if (len(first_segment) == 0 or len(first_segment) + len(sentence) < first_segment_target_length or
+          (len(second_segment) == 0 and len(first_segment) < first_segment_target_length and
+           self._rng.random() < 0.5)):
+        first_segment += sentence
+      else:
+        second_segment += sentence
+    first_segment = first_segment[:self._max_length - 2]
+    second_segment = second_segment[:max(0, self._max_length - len(first_segment) - 3)]
+    self._current_sentences, self._current_length = [], 0
+    if self._rng.random() < 0.05:
+      self._target_length = self._rng.randint(5, self._max_length)
+    else:
+      self._target_length = self._max_length
+    return first_segment, second_segment
+
+
+def test_packing_is_the_official_example_builder(tiny_data):
+  """A document of real sentences (each shorter than an example) packs into exactly the examples the official
+  ExampleBuilder makes from the same random draws: segment split, the 10% single-segment and 5% short-target
+  examples, the 50% rule for the sentence that crosses A's target, the trimming. The one difference, deliberate:
+  each document draws its first target (the official builder carries it over from the previous document), so that
+  documents pack independently of each other and of the worker count."""
+  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import corpus as corpus_lib, packing  # pylint: disable=g-import-not-at-top
+  seq_len, seed = 64, 3
+  tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
+  lines = [s for s in helpers.sotu_sentences()[:1500] if len(tok.encode_batch([s])[0]) <= seq_len - 2]
+  doc = corpus_lib.Document(5, lines)
+  ours = packing.pack_document(doc, tok, seq_len, seed)
+  rng = random.Random(f"{seed}/{doc.index}")
+  builder = _OfficialExampleBuilder(seq_len, rng, rng.randint(5, seq_len) if rng.random() < 0.05 else seq_len)
+  examples = [e for ids in tok.encode_batch(lines) + [[]] if (e := builder.add_line(ids))]
+  s = tok.special_ids
+  rows = [[s.cls, *a, s.sep] + ([*b, s.sep] if b else []) for a, b in examples]
+  assert len(rows) == len(ours.input_ids) > 100
+  assert sum(len(b) == 0 for _, b in examples) > 10 and sum(len(r) < seq_len - 10 for r in rows) > 3
+  for i, (row, (a, b)) in enumerate(zip(rows, examples)):
+    np.testing.assert_array_equal(ours.input_ids[i], row + [s.pad] * (seq_len - len(row)), err_msg=f"example {i}")
+    segments = [0] * (len(a) + 2) + [1] * (len(b) + 1 if b else 0)
+    np.testing.assert_array_equal(ours.segment_ids[i], segments + [0] * (seq_len - len(segments)))
+
+
+def test_losses_average_over_the_batchs_tokens():
+  """As run_pretraining.py: D's loss is sum(loss · weight) / (1e-6 + sum(weight)) over every non-pad token of the
+  batch (not a mean of per-row means), G's over every masked position of the batch."""
+  from electra_jax import losses  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  logits, labels = rng.normal(size=(2, 6)), rng.random((2, 6)) < 0.3
+  weights = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], np.float32)  # rows of 6 and 2 tokens
+  per_token = np.logaddexp(0, -logits) * labels + np.logaddexp(0, logits) * ~labels  # sigmoid cross-entropy
+  loss, _, _ = losses.disc_loss(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(weights))
+  assert float(loss) == pytest.approx((per_token * weights).sum() / (1e-6 + weights.sum()), rel=1e-5)
+  mlm_logits, targets = rng.normal(size=(2, 3, 11)), rng.integers(0, 11, (2, 3))
+  mlm_weights = np.array([[1, 1, 1], [1, 0, 0]], np.float32)
+  nll = -np.take_along_axis(mlm_logits - np.log(np.exp(mlm_logits).sum(-1, keepdims=True)), targets[..., None],
+                            -1)[..., 0]
+  mlm, _ = losses.mlm_loss(jnp.asarray(mlm_logits), jnp.asarray(targets), jnp.asarray(mlm_weights))
+  assert float(mlm) == pytest.approx((nll * mlm_weights).sum() / (mlm_weights.sum() + 1e-6), rel=1e-5)
+
+
+@pytest.mark.parametrize("preset,expected", [
+    # layers, hidden, embedding, mask_prob, lr, batch, seq_len, steps, warm-up: Table 6 / configure_pretraining.py
+    ("small", (12, 256, 128, 0.15, 5e-4, 128, 128, 1_000_000, 10_000)),
+    ("base", (12, 768, 768, 0.15, 2e-4, 256, 512, 766_000, 10_000)),
+    ("large", (24, 1024, 1024, 0.25, 2e-4, 2048, 512, 400_000, 10_000)),
+])
+def test_presets_are_the_papers_hyperparameters(preset, expected):
+  c = importlib.import_module(f"configs.{preset}").get_config()
+  assert (c.model.num_layers, c.model.hidden_size, c.model.embedding_size, c.objective.mask_prob,
+          c.train.learning_rate, c.train.batch_size, c.data.seq_len, c.train.num_steps,
+          c.train.warmup_steps) == expected
+  assert (c.objective.disc_weight, c.objective.temperature, c.train.weight_decay, c.train.adam_eps,
+          c.train.clip_norm, c.model.dropout_rate, c.model.attention_dropout_rate) == (50.0, 1.0, 0.01, 1e-6, 1.0,
+                                                                                       0.1, 0.1)
