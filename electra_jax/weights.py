@@ -1,10 +1,9 @@
 """Where weights come from: the one resolver of a pre-training workdir, a params-only export or an HF ELECTRA
-directory into (config, params, tokenizer), used by export, fine-tuning and train.init_from (a workdir's whole
-training state for train.init_from_state), and the params-only export itself (config.json + params/, an Orbax
+directory (sources.py tells which, from its files) into (config, params, tokenizer), used by export, fine-tuning and
+train.init_from (a workdir's whole training state for train.init_from_state), and the params-only export itself (config.json + params/, an Orbax
 checkpoint of the parameter tree without optimiser state).
 
 A new weight format is one more branch in `load`."""
-import copy
 import os
 from typing import Any, NamedTuple
 
@@ -13,46 +12,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from etils import epath
 
-from electra_jax import checkpoints, modeling, objectives, optim, sharding, state, storage
+from electra_jax import checkpoints, modeling, objectives, optim, sharding, sources, state, storage
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import prepared
 from electra_jax.hf import directory as hf_directory
-
-PARAMS_DIR = "params"
 
 
 class Weights(NamedTuple):
   config: ml_collections.ConfigDict  # the pre-training config the parameters fit (abstract(config))
   params: Any  # None when only the architecture was asked for
   tokenizer: str  # the tokenizer file they were trained with
-
-
-def kind(source: str) -> str:
-  """"hf" | "params" | "workdir", or a one-line error naming what `source` lacks."""
-  path = epath.Path(source)
-  if not path.is_dir():
-    raise FileNotFoundError(f"{source} is not a directory")
-  if hf_directory.is_hf_dir(source):
-    return "hf"
-  if (path / PARAMS_DIR).is_dir():
-    return "params"
-  if (path / "config.json").exists():
-    return "workdir"
-  raise FileNotFoundError(f"{source} is neither a pre-training workdir, a params export nor an HF ELECTRA directory "
-                          "(no config.json)")
-
-
-def inputs(source: str) -> list[tuple[str, str]]:
-  """(path, what it is) of everything `load(source)` reads, for storage.refuse_overlap: a workdir's config.json,
-  checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory."""
-  what = kind(source)
-  if what == "hf":
-    return [(source, "the HF directory to load")]
-  paths = [(source, f"the {what} to load")] if what == "params" else [
-      (os.path.join(source, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
-  return paths + [(prepared.tokenizer_path(workdir_lib.load_config(source)), "its tokenizer")]
 
 
 def abstract(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None,
@@ -74,7 +44,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   """The weights in `source` (a workdir's checkpoint at `step`, default the latest intact one), on this host's devices
   (HF weights: host arrays). `generator`: an HF generator directory stored apart from an HF discriminator (Google's
   releases keep them in two directories). with_params=False reads the architecture and tokenizer only."""
-  what = kind(source)
+  what = sources.kind(source)
   if what == "hf":
     config, params = hf_directory.import_hf(source, generator_dir=generator)
     return Weights(config, params if with_params else None, config.data.tokenizer)
@@ -86,7 +56,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
     return Weights(config, None, tokenizer)
   mesh = sharding.create_mesh(config.mesh)
   if what == "params":
-    return Weights(config, checkpoints.restore_params(os.path.join(source, PARAMS_DIR), abstract(config, mesh)),
+    return Weights(config, checkpoints.restore_params(os.path.join(source, sources.PARAMS_DIR), abstract(config, mesh)),
                    tokenizer)
   target = abstract(config, mesh, optim.create(config.train)[0])
   return Weights(config, _restore(source, config, target, step).params, tokenizer)
@@ -102,20 +72,6 @@ def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int 
     return ckpt.restore(target, step).state
   finally:
     ckpt.close()
-
-
-def with_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` with data.tokenizer set to train.init_from's tokenizer when it names none: continued pre-training keeps
-  the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve it, so they agree."""
-  if config.data.tokenizer or not config.train.init_from:
-    return config
-  tokenizer = load(config.train.init_from, with_params=False).tokenizer
-  own = prepared.tokenizer_path(config)
-  if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(tokenizer):
-    return config  # the same vocabulary already prepared this config's data
-  config = copy.deepcopy(config)
-  config.data.tokenizer = tokenizer
-  return config
 
 
 def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokenizer_path: str):
@@ -139,7 +95,7 @@ def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded,
   if not source:
     raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
                      "step to continue")
-  what = kind(source)
+  what = sources.kind(source)
   if what != "workdir":
     raise ValueError(f"train.init_from_state: {source} is {'an HF directory' if what == 'hf' else 'a params export'}, "
                      "which holds no optimiser state: name a pre-training workdir, or drop init_from_state to start "
@@ -182,18 +138,18 @@ def _shapes(tree) -> dict:
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
   """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
   params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
-  storage.refuse_overlap(out_dir, inputs(workdir), "out_dir")
+  storage.refuse_overlap(out_dir, sources.inputs(workdir), "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
   loaded = load(workdir, step)
-  with storage.staged_dir(out_dir, last="config.json") as tmp:  # kind() looks for config.json first
-    checkpoints.save_params(os.path.join(tmp, PARAMS_DIR), loaded.params)
+  with storage.staged_dir(out_dir, last="config.json") as tmp:  # sources.kind() looks for config.json first
+    checkpoints.save_params(os.path.join(tmp, sources.PARAMS_DIR), loaded.params)
     workdir_lib.write_config(tmp, loaded.config)
   return storage.absolute(out_dir)
 
 
 def export_hf(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
   """A workdir's checkpoint (`step`, default: the latest) as an HF ELECTRA directory at `output`."""
-  storage.refuse_overlap(output, inputs(workdir), "--output")  # before the (slow) restore
+  storage.refuse_overlap(output, sources.inputs(workdir), "--output")  # before the (slow) restore
   storage.refuse_existing(output, overwrite)
   loaded = load(workdir, step)
   hf_directory.export(loaded.config, loaded.params, output, overwrite=overwrite, tokenizer_path=loaded.tokenizer)

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 
 from electra_jax import checkpoints
-from electra_jax.pretrain import experiment
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
+from electra_jax.pretrain import experiment
 
 
 @functools.cache

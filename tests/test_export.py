@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from electra_jax import modeling, optim, sharding, weights
-from electra_jax.pretrain import experiment, loop as pretrain_loop
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
 from electra_jax.hf import tokenizer as hf_tokenizer
+from electra_jax.pretrain import experiment, loop as pretrain_loop
 from tests import helpers
 
 # The numeric reference: `make test` installs it, so a missing one must fail, not skip.

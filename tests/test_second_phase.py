@@ -9,11 +9,11 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax import checkpoints, optim, sharding, weights
-from electra_jax.pretrain import experiment, loop as pretrain_loop
+from electra_jax import checkpoints, optim, sharding, sources, weights
 from electra_jax.data import build, input_pipeline
 from electra_jax.data import prepared as prepared_lib
 from electra_jax.hf import directory as hf_directory
+from electra_jax.pretrain import experiment, loop as pretrain_loop
 from tests import helpers
 
 LONG = 128  # phase 2's seq_len; phase 1 runs at the tiny config's 64
@@ -27,7 +27,7 @@ def _assert_same(a, b):
 
 def _start(config, workdir: str):
   """What pretrain_loop.train_and_evaluate(config, workdir) starts from: (state on the host, input position)."""
-  config = weights.with_init_tokenizer(config)
+  config = sources.with_init_tokenizer(config)
   prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path, read_only=True)
@@ -84,7 +84,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   to_global = input_pipeline.to_global
   monkeypatch.setattr(input_pipeline, "to_global", lambda batch, where: fed.append(batch) or to_global(batch, where))
   pretrain_loop.train_and_evaluate(second, workdir)
-  resolved = weights.with_init_tokenizer(second)
+  resolved = sources.with_init_tokenizer(second)
   it = input_pipeline.train_iterator(resolved, prepared)
   try:
     _assert_same(fed[0], next(it))  # phase 2's first batch is the long data's first

@@ -1,8 +1,10 @@
-"""The package's shape: no import cycle (function-level imports counted), no private name used across modules, and
-activation sharding constraints that reach the compiled step."""
+"""The package's shape: no import cycle (function-level imports counted), data/ below the model (electra-prepare builds
+none), no private name used across modules, and activation sharding constraints that reach the compiled step."""
 import ast
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +43,24 @@ def _path(module: str):
   return None
 
 
-def test_no_import_cycle():
+def _graph() -> dict[str, set[str]]:
+  """Every electra_jax module -> the electra_jax modules it imports (function-level imports counted)."""
   graph = {_module(p): _imports(p) - {_module(p)} for p in PACKAGE.rglob("*.py")}
-  graph = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+  return {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+
+
+def _closure(graph: dict[str, set[str]], roots) -> set[str]:
+  seen, todo = set(), list(roots)
+  while todo:
+    m = todo.pop()
+    if m not in seen:
+      seen.add(m)
+      todo += graph[m]
+  return seen
+
+
+def test_no_import_cycle():
+  graph = _graph()
   state = {}  # module -> "visiting" | "done"
 
   def visit(m, trail):
@@ -60,9 +77,47 @@ def test_no_import_cycle():
     visit(m, [])
 
 
+# What data/ may import besides itself: the leaves below it (files, tokenizers, optional packages, a workdir's
+# config.json) and sources.py, which tells from a directory's files alone which tokenizer init_from's weights use.
+BELOW_DATA = {"electra_jax", "electra_jax.storage", "electra_jax.packages", "electra_jax.tokenizer",
+              "electra_jax.special_ids", "electra_jax.workdir", "electra_jax.sources", "electra_jax.hf.tokenizer"}
+
+
+def _third_party(module: str) -> set[str]:
+  """The top-level packages other than ours that `module` imports anywhere in it."""
+  names = set()
+  for node in ast.walk(ast.parse(_path(module).read_text())):
+    if isinstance(node, ast.Import):
+      names.update(a.name.split(".")[0] for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names.add(node.module.split(".")[0])
+  return names - {"electra_jax"}
+
+
+def test_data_imports_nothing_above_it():
+  """data/ (electra-prepare's library) reaches only the modules below it, even through function-level imports:
+  no model, weights, step or loop, and nothing that imports Flax."""
+  graph = _graph()
+  data = {m for m in graph if m.startswith("electra_jax.data")}
+  reached = _closure(graph, data)
+  assert "electra_jax.sources" in reached  # the walker sees build.py's function-level import
+  assert reached - data <= BELOW_DATA, sorted(reached - data - BELOW_DATA)
+  assert not [m for m in reached if "flax" in _third_party(m)]
+
+
+def test_prepare_imports_no_model():
+  """electra-prepare's import closure, as Python loads it (sources.py included, which build() imports when it runs),
+  holds no Flax model module."""
+  code = ("import sys, electra_jax.prepare, electra_jax.data.build, electra_jax.sources\n"
+          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flax' or m in "
+          "('electra_jax.modeling', 'electra_jax.weights', 'electra_jax.hf.directory', 'electra_jax.objectives')))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_no_private_names_across_modules():
   """`module._name` where module is one of ours (imported under any alias), anywhere in the project's code."""
-  ours = {p.stem for p in PACKAGE.rglob("*.py")} | {"finetune", "hf"}
+  ours = {p.stem for p in PACKAGE.rglob("*.py")} | {"finetune", "hf", "pretrain"}
   offenders = []
   for path in [*PACKAGE.rglob("*.py"), *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("studies/**/*.py"),
                *(ROOT / "tests").glob("*.py")]:

@@ -14,7 +14,7 @@ from etils import epath
 from electra_jax import checkpoints, state as state_lib, storage
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
-from electra_jax import weights
+from electra_jax import sources
 from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.experiment import Setup, batch_rows, make_setup
@@ -31,7 +31,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
   loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
-  init_inputs = weights.inputs(ft.init_from) if ft.init_from else []
+  init_inputs = sources.inputs(ft.init_from) if ft.init_from else []
   storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init_inputs), "--workdir")
   workdir_lib.check_writable(workdir)
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:

@@ -62,7 +62,7 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
                      "ElectraForPreTraining/ElectraForMaskedLM pair has nothing to load")
   if jax.process_index() != 0:
     return
-  with storage.staged_dir(output, last="config.json") as tmp:  # is_hf_dir looks for config.json
+  with storage.staged_dir(output, last="config.json") as tmp:  # sources.is_hf_dir looks for config.json
     _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
     _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
                   os.path.join(tmp, GENERATOR_DIR))
@@ -93,11 +93,6 @@ def _read_hf_config(directory: str) -> dict:
   if cfg.get("model_type") != "electra":
     raise ValueError(f"{path}: model_type is {cfg.get('model_type')!r}, not 'electra'")
   return cfg
-
-
-def is_hf_dir(directory: str) -> bool:
-  path = epath.Path(directory) / "config.json"
-  return path.exists() and "model_type" in json.loads(path.read_text())
 
 
 def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str | None = None):

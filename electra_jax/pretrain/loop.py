@@ -7,7 +7,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, flops, weights
+from electra_jax import checkpoints, flops, sources, weights
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
@@ -23,7 +23,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
   lock (workdir.Lock) throughout: a second writer there is refused."""
-  config = weights.with_init_tokenizer(config)
+  config = sources.with_init_tokenizer(config)
   loop_lib.check_config(config.train, "num_steps", "eval_every")
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
