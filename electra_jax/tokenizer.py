@@ -19,7 +19,8 @@ from electra_jax import storage
 from electra_jax.special_ids import SpecialIds
 
 SCORE_GRID = 64
-MAX_SENTENCE_BYTES = 4192  # SentencePiece's max_sentence_length (its default): longer sentences are left out of training
+# SentencePiece's max_sentence_length (its default): longer sentences are left out of its training.
+MAX_SENTENCE_BYTES = 4192
 SPECIAL_TOKENS = SpecialIds(pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]")
 
 

@@ -3,8 +3,9 @@ twin of finetune/, with the same file for the same role.
 
   experiment.py     what a config compiles: the model, the optimiser, the pure train_step and eval step, jitted over
                     the mesh (state.py), and the held-out evaluation
-  loop.py           the loop's own part: the workdir's checks, restore or init (the input position included), batches
-                    from the input pipeline, logging with throughput, evaluation (the shared loop is electra_jax/loop.py)
+  loop.py           the loop's own part: the workdir's checks, restore or init (the input position included),
+                    batches from the input pipeline, logging with throughput, evaluation (the shared loop is
+                    electra_jax/loop.py)
   __main__.py       the command line
 
 Nothing is imported here, so that the command checks its flags and packages before it imports the model stack.
