@@ -276,7 +276,7 @@ def main(argv):
     return dict(path=str(export), files=sorted(p.name for p in export.iterdir()))
 
   def finetune():
-    small = ["--tasks=sentiment", "--labels=64", "--epochs=1"] if dry else []
+    small = ["--tasks=sentiment", "--labels=64", "--epochs=1", "--min_steps=0"] if dry else []
     shutil.rmtree(out / "finetune", ignore_errors=True)  # no results of an earlier run among this one's
     r = checked(run.command("finetune", [py, str(ROOT / "studies" / "finetune_demo.py"), f"--init_from={export}",
                                          f"--pretraining={workdir}", f"--seeds={','.join(FLAGS.finetune_seeds)}",

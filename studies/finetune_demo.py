@@ -27,15 +27,17 @@ TASKS = {"sentiment": "configs/finetune/sentiment.py", "trec": "configs/finetune
 DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
 
 
-def task_config(task: str, epochs: float = 0.0, labels: int = 0):
-  """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all) and task.num_epochs=epochs unless
-  0."""
+def task_config(task: str, epochs: float = 0.0, labels: int = 0, min_steps: int = -1):
+  """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all), task.num_epochs=epochs unless 0
+  and train.min_steps=min_steps unless -1."""
   spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / TASKS[task])
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
   if epochs:
     c.task.num_epochs = epochs
+  if min_steps >= 0:
+    c.train.min_steps = min_steps
   c.task.update(dev_fraction=DEV_FRACTION, num_train_examples=labels)
   c.overwrite = True
   return c
@@ -77,13 +79,13 @@ def summarize(runs: list[dict], metric: str) -> str:
   return f"{statistics.median(v):.3f}" if len(v) == 1 else f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
 
 
-def judge(init_from: str, task: str, labels: int, seeds, epochs: float, workdir: str) -> dict:
+def judge(init_from: str, task: str, labels: int, seeds, epochs: float, min_steps: int, workdir: str) -> dict:
   """{method: [results per seed]} for the pre-trained encoder, its random-init twin and the TF-IDF floor."""
   from electra_jax import finetune  # pylint: disable=g-import-not-at-top
   runs = {"pre-trained": [], "random init": []}
   for seed in seeds:
     for method in runs:
-      c = task_config(task, epochs, labels)
+      c = task_config(task, epochs, labels, min_steps)
       c.update(init_from=init_from, random_init=method == "random init")
       c.train.seed = seed
       where = os.path.join(workdir, task, f"labels{labels or 'all'}", method.replace(" ", "_"), f"seed{seed}")
@@ -104,11 +106,13 @@ def verdict(task: str, labels: int, runs: dict) -> str:
 
 def table(runs: dict) -> list[str]:
   keys = ("accuracy", "f1", "mcc")
-  lines = ["| method | accuracy | F1 | MCC | epoch chosen on dev | seconds/run |", "|---|---|---|---|---|---|"]
+  lines = ["| method | accuracy | F1 | MCC | step chosen on dev | learning rate | seconds/run |",
+           "|---|---|---|---|---|---|---|"]
   for m, v in runs.items():
-    chosen = [r["selected_step"] / r["steps_per_epoch"] for r in v if "selected_step" in r]
+    chosen = [r["selected_step"] for r in v if "selected_step" in r]
+    rates = sorted({f"{r['learning_rate']:g}" for r in v if "learning_rate" in r})
     lines.append(f"| {m} | " + " | ".join(summarize(v, k) for k in keys) +
-                 f" | {summarize([dict(e=e) for e in chosen], 'e') if chosen else '—'} | "
+                 f" | {summarize([dict(e=e) for e in chosen], 'e') if chosen else '—'} | {', '.join(rates) or '—'} | "
                  f"{statistics.median(r['seconds'] for r in v):.0f} |")
   return lines
 
@@ -155,28 +159,31 @@ def main(argv):
   sections, verdicts = [], []
   for task in _TASKS.value:
     for labels in budgets:
-      runs = judge(_INIT_FROM.value, task, labels, seeds, _EPOCHS.value, _WORKDIR.value)
+      runs = judge(_INIT_FROM.value, task, labels, seeds, _EPOCHS.value, _MIN_STEPS.value, _WORKDIR.value)
       first = runs["pre-trained"][0]
       sections += [f"## {task}, {labels or 'all'} training labels ({first['num_train']} train / "
                    f"{first['num_eval']} eval)", ""] + table(runs) + [""]
       verdicts.append(verdict(task, labels, runs))
 
-  c0 = task_config(_TASKS.value[0], _EPOCHS.value)
+  c0 = task_config(_TASKS.value[0], _EPOCHS.value, min_steps=_MIN_STEPS.value)
   lines = ["# Fine-tuning the demo model", "",
            "The pre-trained discriminator against two floors: random init of the same architecture and tokenizer, "
            "and TF-IDF word 1-2-grams + logistic regression. Each fine-tuning run has the same budget and reports "
-           f"the eval split at the epoch best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are the "
+           f"the eval split at the evaluation best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are the "
            "median (min-max) over seeds.", "",
            "    python studies/finetune_demo.py " + " ".join(
                f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("tasks", ",".join(_TASKS.value)),
                                          ("seeds", ",".join(_SEEDS.value)), ("labels", ",".join(_LABELS.value)),
-                                         ("epochs", _EPOCHS.value)) if v), "",
+                                         ("epochs", _EPOCHS.value), ("min_steps", str(_MIN_STEPS.value) if _MIN_STEPS.value >= 0 else "")) if v),
+           "",
            f"- Encoder: {_INIT_FROM.value} ({src_config.model.num_layers} layers, hidden "
            f"{src_config.model.hidden_size}, embedding {src_config.model.embedding_size}, vocab "
            f"{src_config.data.vocab_size}).",
-           f"- Fine-tuning: {c0.task.num_epochs:g} epochs, batch {c0.train.batch_size}, lr {c0.train.learning_rate:g} "
-           f"with layer-wise decay {c0.train.layer_decay:g}, {c0.train.warmup_fraction:.0%} warm-up then linear "
-           f"decay, dropout {c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
+           f"- Fine-tuning: {c0.task.num_epochs:g} epochs and at least {c0.train.min_steps} updates, stopped once "
+           f"{c0.train.patience} evaluations in a row past that do not beat the best on dev; batch "
+           f"{c0.train.batch_size}, lr {c0.train.learning_rate or 'by encoder size'} with layer-wise decay "
+           f"{c0.train.layer_decay:g}, {c0.train.warmup_fraction:.0%} warm-up then linear decay, dropout "
+           f"{c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
            f"- Machine: {machine()}.", ""]
   if _OUTPUT.value:
     out = pathlib.Path(_OUTPUT.value)
@@ -200,5 +207,6 @@ if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", "runs/finetune_demo", "Where each run's eval_results.json goes.")
   _OUTPUT = flags.DEFINE_string("output", "docs/finetuning.md", "Markdown report to write ('' = print only).")
   _EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")
+  _MIN_STEPS = flags.DEFINE_integer("min_steps", -1, "Override train.min_steps, the update floor (-1 = the configs').")
   flags.mark_flag_as_required("init_from")
   app.run(main)

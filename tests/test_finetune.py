@@ -63,8 +63,8 @@ def _config(init_from="", tokenizer="", **task):
   c.init_from, c.tokenizer = init_from, tokenizer
   c.seq_len = 32
   c.model.update(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=128, embedding_size=32)
-  c.task.update(dict(dict(text_field="sentence", num_epochs=2.0), **task))
-  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5)
+  c.task.update(dict(dict(text_field="sentence", num_epochs=2.0, dev_fraction=0.0), **task))
+  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5, min_steps=0)
   return c
 
 

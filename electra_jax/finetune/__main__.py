@@ -38,17 +38,28 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from electra_jax import cli, finetune, sharding
+from electra_jax.finetune import protocol
 
 
 def define_flags():
   return [config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
                                           "init_from, model, training.", lock_config=True),
-          flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes).")]
+          flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes)."),
+          flags.DEFINE_list("seeds", [], "The paper's protocol: one run per seed (and learning rate) under "
+                            "WORKDIR/lr<rate>/seed<seed>, reported as the median (min-max) over seeds at the rate "
+                            "best on the dev fold (protocol.md, protocol.json, dev_curves.png). Empty: one run, "
+                            "train.seed."),
+          flags.DEFINE_list("learning_rates", [], "With --seeds: the rates to choose from on the dev fold (empty: "
+                            "train.learning_rate).")]
 
 
-def main(config, workdir):
+def main(config, workdir, seeds, learning_rates):
   sharding.initialize_runtime()
-  results = finetune.finetune(config, workdir)
+  if seeds or learning_rates:
+    rates = [float(r) for r in learning_rates] or [config.train.learning_rate]
+    results = protocol.run(config, workdir, [int(s) for s in seeds] or [config.train.seed], rates)
+  else:
+    results = finetune.finetune(config, workdir)
   if results is not None:
     logging.info("%s", json.dumps(results))
 

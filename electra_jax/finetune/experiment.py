@@ -54,6 +54,14 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
   return _permutation(seed, epoch, n)[i * batch_size:(i + 1) * batch_size]
 
 
+def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
+  """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's size (Small, Base, Large)."""
+  if configured:
+    return configured
+  hidden = mc.discriminator.hidden_size
+  return 3e-4 if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
+
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """What a run builds from its config and inputs before it writes anything."""
@@ -70,6 +78,7 @@ class Setup:
   metric: str  # what model selection maximises
   steps_per_epoch: int
   num_steps: int
+  learning_rate: float  # the peak rate, train.learning_rate resolved
   eval_every: int
   schedule: Callable[[int], float]
   sharded: state_lib.Sharded
@@ -109,11 +118,19 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   mc = dataclasses.replace(modeling.ModelConfig.from_config(src_config), embedding_sharing="shared",
                            dropout_rate=ft.train.dropout_rate, attention_dropout_rate=ft.train.dropout_rate)
   model = head.model(mc)
+  for key in ("min_steps", "patience", "reinit_layers"):
+    if ft.train[key] < 0:
+      raise ValueError(f"train.{key}={ft.train[key]} must be at least 0")
+  if ft.train.reinit_layers > mc.discriminator.num_layers:
+    raise ValueError(f"train.reinit_layers={ft.train.reinit_layers} exceeds the encoder's "
+                     f"{mc.discriminator.num_layers} layers")
   steps_per_epoch = len(train.examples.labels) // ft.train.batch_size
   if not steps_per_epoch:
     raise ValueError(f"{len(train.examples.labels)} training examples do not fill one batch of {ft.train.batch_size}")
-  num_steps = max(1, math.ceil(ft.task.num_epochs * steps_per_epoch))
-  tx, schedule = model_lib.optimizer(ft.train, num_steps, mc.discriminator.num_layers)
+  num_steps = max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1)
+  train_config = ft.train.copy_and_resolve_references()
+  train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
+  tx, schedule = model_lib.optimizer(train_config, num_steps, mc.discriminator.num_layers)
 
   mesh = sharding.create_mesh(ft.mesh)
   sharding.check_batch(ft.train.batch_size, mesh)
@@ -124,8 +141,9 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   return Setup(
       ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
       source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
-      steps_per_epoch=steps_per_epoch, num_steps=num_steps,
-      eval_every=ft.train.eval_every or (steps_per_epoch if dev is not None else num_steps), schedule=schedule,
+      steps_per_epoch=steps_per_epoch, num_steps=num_steps, learning_rate=train_config.learning_rate,
+      eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
+      schedule=schedule,
       sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
                                                           accum_steps=ft.train.grad_accum_steps)),
       predict=sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"])),

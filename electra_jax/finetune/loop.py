@@ -49,7 +49,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     tuning = Tuning(setup, workdir, writer, progress, t0)
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
                               log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
-                              closers=(writer.close, ckpt.close))
+                              closers=(writer.close, ckpt.close), done=tuning.converged)
     return None if stopped else _results(setup, progress, tuning.seconds(), workdir)
 
 
@@ -60,6 +60,7 @@ class Progress:
   best: dict | None = None  # the record of the model in best/
   losses: list[float] = dataclasses.field(default_factory=list)  # the last epoch's
   seconds: float = 0.0  # the run's time before this session
+  stopped_early: int | None = None  # the step at which the dev fold stopped improving (train.patience)
 
 
 PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions saved it: their checkpoints resume
@@ -75,6 +76,9 @@ def _restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer, workdir: str) -> 
       loaded = jax.device_get(model_lib.encoder_params(src_config, src_params))
       if jax.tree.map(np.shape, loaded) != jax.tree.map(lambda x: x.shape, state.params["electra"]):
         raise ValueError(f"{s.ft.init_from}: the checkpoint's encoder does not match its config")
+      num_layers = s.mc.discriminator.num_layers
+      for i in range(num_layers - s.ft.train.reinit_layers, num_layers):  # keep the fresh init's top layers
+        loaded["discriminator"][f"layer_{i}"] = state.params["electra"]["discriminator"][f"layer_{i}"]
       state = state.replace(params=dict(state.params,
                                         electra=jax.device_put(loaded, s.sharded.state.params["electra"])))
     return state, Progress()
@@ -113,6 +117,18 @@ class Tuning:
     if eval_now:
       self.evaluate(step, state.params)
     return postfix
+
+  def converged(self) -> bool:
+    """Early stopping: past train.min_steps, the last train.patience evaluations did not beat the best dev score.
+    Once true, it stays true in the checkpoint, so a rerun does not train on."""
+    p, train = self.progress, self.s.ft.train
+    if p.stopped_early is None and self.s.dev is not None and train.patience and p.history:
+      step, best = p.history[-1]["step"], p.best["step"]
+      since = sum(r["step"] > best for r in p.history)
+      if train.min_steps <= step < self.s.num_steps and since >= train.patience:
+        p.stopped_early = step
+        logging.info("Stopped early at step %d: the dev fold's best is step %d's", step, best)
+    return p.stopped_early is not None
 
   def extra(self) -> dict:
     return {PROGRESS: dataclasses.asdict(dataclasses.replace(self.progress, seconds=self.seconds()))}
@@ -157,8 +173,9 @@ def _results(s: Setup, progress: Progress, seconds: float, workdir: str) -> dict
   results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file,
                  init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
                  num_train=s.train.size, num_eval=s.eval.size, num_steps=s.num_steps,
+                 stopped_early=progress.stopped_early, learning_rate=s.learning_rate,
                  steps_per_epoch=s.steps_per_epoch, seed=ft.train.seed, train_loss=float(np.mean(progress.losses)),
-                 labels=s.head.names, metric=s.metric, seconds=seconds)
+                 labels=s.head.names, metric=s.metric, seconds=seconds, eval_metrics=list(best["eval"]))
   results.update(best["eval"])
   if s.dev is not None:  # model selection on the dev fold, never on the eval split
     results.update(selected_step=best["step"], dev=best["dev"], history=progress.history)

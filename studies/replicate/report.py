@@ -41,7 +41,8 @@ def kendall_tau(xs: list[float], ys: list[float]) -> str:
 def report(results: dict, study, command: str, machine: str, figures: dict) -> str:
   objs, floors = results["objectives"], results["floors"]
   tasks = list(floors[TFIDF])
-  m, ft = study.pretrain.model, finetune_demo.task_config(tasks[0], study.finetune_epochs)
+  m, ft = study.pretrain.model, finetune_demo.task_config(tasks[0], study.finetune_epochs,
+                                                                      min_steps=study.finetune_min_steps)
   t, data = study.pretrain.train, study.pretrain.data
   corpus = data.text_files or data.tfds_name or "the embedded sotu corpus"
   pre_s = sum(o["pretrain_seconds"] for o in objs.values())

@@ -62,7 +62,7 @@ def reuse_or_run(config, workdir: str, run) -> tuple[dict, bool]:
 
 def finetune_config(study, task: str, seed: int, init_from: str = "", init_step: int = 0):
   """finetune_demo's task config; from init_from's checkpoint at init_step, or random init of the study's encoder."""
-  c = finetune_demo.task_config(task, study.finetune_epochs)
+  c = finetune_demo.task_config(task, study.finetune_epochs, min_steps=study.finetune_min_steps)
   c.train.seed = seed
   c.init_from, c.init_step = init_from, init_step
   if not init_from:  # the same architecture and tokenizer, random weights
