@@ -1,11 +1,13 @@
-"""Builds one directory that a GPU machine without network needs to run benchmarks/gpu_run.py: this repository at a
+r"""Builds one directory that a GPU machine without network needs to run benchmarks/gpu_run.py: this repository at a
 commit, the wheels its Python and platform lack, the demo tasks' two data files and the prepared data, within a size
-budget that is checked and reported piece by piece.
+budget that is checked and reported piece by piece (docs/gpu.md has the commands that make the data, and the sizes).
 
-  python launch/bundle.py --data_dir=data/small --data_override=--config.data.text_files='data/corpus/*.txt' \
-      --output=bundle                                   # for the default target: Python 3.12, manylinux x86-64
+  python launch/bundle.py --data_dir=data/small --output=bundle \
+    --data_override=--config.data.text_files=data/corpus/austen.txt,...  # as electra-prepare had them
   python launch/bundle.py --dry_run --data_dir=DIR --python_version=3.11 --find_links=.cache/wheels --output=B
   python launch/bundle.py --wheels_only --python_version=3.11 --output=.cache/wheels   # (make venv) for the tests
+
+The default target is Python 3.12 on manylinux x86-64 (--python_version, --platform).
 
 On the target, nothing but the bundle and its Python:
 
