@@ -213,7 +213,7 @@ def main(argv):
       report = ", ".join(f"{k} {v / MIB:.2f} MiB" for k, v in pieces.items())
       if total > FLAGS.budget_mib * MIB:
         raise Refused(f"the bundle would be {total / MIB:.2f} MiB, over the {FLAGS.budget_mib} MiB budget "
-                             f"({report}): nothing was written")
+                      f"({report}): nothing was written")
       print(f"bundle: {total / MIB:.2f} MiB of {FLAGS.budget_mib} MiB ({report}); "
             f"{len(list((build / 'wheels').glob('*.whl')))} wheels for Python {FLAGS.python_version}")
     if output.exists():
