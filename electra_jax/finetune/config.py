@@ -59,8 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
       # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
       grad_accum_steps=1,
       eval_batch_size=64,
-      # Peak rate; 0 = the paper's for the encoder's size: 3e-4 (Small: hidden <= 256), 1e-4 (Base: <= 768), else
-      # 5e-5 (Large).
+      # Peak rate; 0 = the paper's for the encoder's width: 3e-4 (Small: hidden 256; narrower ones 3e-4 x 256 /
+      # hidden), 1e-4 (Base: <= 768), else 5e-5 (Large).
       learning_rate=0.0,
       layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)
       # Updates at least, whatever the data's size: 3 epochs of a few thousand rows are a few hundred updates, too

@@ -55,11 +55,13 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
 
 
 def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
-  """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's size (Small, Base, Large)."""
+  """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's width: Small (256) 3e-4, Base (768)
+  1e-4, Large (1024) 5e-5. From Small to Base the paper's rate falls as 1/width; narrower encoders than Small take
+  the same rule (128 wide: 6e-4), without which a narrow encoder from random init stays at the majority class."""
   if configured:
     return configured
   hidden = mc.discriminator.hidden_size
-  return 3e-4 if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
+  return 3e-4 * 256 / min(hidden, 256) if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
 
 
 @dataclasses.dataclass(frozen=True)
