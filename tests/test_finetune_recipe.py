@@ -71,7 +71,7 @@ def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp
   c = _config(tiny_data, init_from=path, reinit_layers=1)
   s = experiment.make_setup(c)
   ckpt = checkpoints.Checkpointer(str(tmp_path / "ft"), c, s.tokenizer_path)
-  state, _ = loop._restore_or_init(s, ckpt, str(tmp_path / "ft"))  # pylint: disable=protected-access
+  state, _ = loop.restore_or_init(s, ckpt, str(tmp_path / "ft"))
   ckpt.close()
   encoder = jax.device_get(state.params["electra"])
   pretrained = jax.device_get(model_lib.encoder_params(config, params))

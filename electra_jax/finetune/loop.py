@@ -41,7 +41,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     if replace:
       workdir_lib.empty(workdir)
     ckpt = checkpoints.Checkpointer(workdir, ft, setup.tokenizer_path)
-    state, progress = _restore_or_init(setup, ckpt, workdir)
+    state, progress = restore_or_init(setup, ckpt, workdir)
     workdir_lib.write_config(workdir, ft)
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
@@ -66,7 +66,7 @@ class Progress:
 PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions saved it: their checkpoints resume
 
 
-def _restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer, workdir: str) -> tuple[state_lib.TrainState, Progress]:
+def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer, workdir: str) -> tuple[state_lib.TrainState, Progress]:
   """The latest checkpoint's state and progress on the current mesh, or a fresh state from train.seed (with
   init_from's encoder) and progress."""
   if ckpt.latest_step() is None:
