@@ -4,14 +4,15 @@ a TF-IDF + logistic-regression floor, on the demo tasks, with every label or wit
   python studies/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec,amazon,spam] [--seeds=0,1,2] \
       [--labels=0,2000,500] [--epochs=N] [--min_steps=N] [--workdir=runs/finetune_demo] [--output=runs/finetune_demo.md]
 
-For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 = every
-training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an export
-directory) and once from random weights of its architecture (random_init=True). Both follow the same recipe (the
-configs' epochs, at least train.min_steps updates, early stopping on the dev fold) and report the eval split at the
-evaluation that scored best on a dev fold carved from the training rows, so neither is judged under-trained or by
-peeking at the eval split. Other built-in tasks (amazon, nyt, tweets, spam, trec_fine) run through
-configs/finetune/classify.py, the own-task config. The floor is TF-IDF over word 1-2-grams + logistic regression on the same
-training rows. The table holds the median (min-max) over seeds; it is printed and written as Markdown to --output.
+For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 =
+every training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an
+export directory) and once from random weights of its architecture (random_init=True). Both follow the same recipe
+(the configs' epochs, at least train.min_steps updates, early stopping on the dev fold) and report the eval split at
+the evaluation that scored best on a dev fold carved from the training rows, so neither is judged under-trained or
+by peeking at the eval split. Other built-in tasks (amazon, nyt, tweets, spam, trec_fine) run through
+configs/finetune/classify.py, the own-task config. The floor is TF-IDF over word 1-2-grams + logistic regression on
+the same training rows. The table holds the median (min-max) over seeds; it is printed and written as Markdown to
+--output.
 """
 import importlib.util
 import json
@@ -120,7 +121,8 @@ def table(runs: dict) -> list[str]:
     chosen = [r["selected_step"] for r in v if "selected_step" in r]
     rates = sorted({f"{r['learning_rate']:g}" for r in v if "learning_rate" in r})
     lines.append(f"| {m} | " + " | ".join(summarize(v, k) for k in keys) +
-                 f" | {summarize([dict(e=e) for e in chosen], 'e') if chosen else '—'} | {', '.join(rates) or '—'} | "
+                 f" | {summarize([dict(e=e) for e in chosen], 'e') if chosen else '—'} | "
+                 f"{', '.join(rates) or '—'} | "
                  f"{statistics.median(r['seconds'] for r in v):.0f} |")
   return lines
 
@@ -180,12 +182,13 @@ def main(argv):
   lines = ["# Fine-tuning the demo model", "",
            "The pre-trained discriminator against two floors: random init of the same architecture and tokenizer, "
            "and TF-IDF word 1-2-grams + logistic regression. Each fine-tuning run has the same budget and reports "
-           f"the eval split at the evaluation best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are the "
-           "median (min-max) over seeds.", "",
+           f"the eval split at the evaluation best on a dev fold ({DEV_FRACTION:.0%} of the training rows); cells are "
+           "the median (min-max) over seeds.", "",
            "    python studies/finetune_demo.py " + " ".join(
                f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("tasks", ",".join(_TASKS.value)),
                                          ("seeds", ",".join(_SEEDS.value)), ("labels", ",".join(_LABELS.value)),
-                                         ("epochs", _EPOCHS.value), ("min_steps", str(_MIN_STEPS.value) if _MIN_STEPS.value >= 0 else "")) if v),
+                                         ("epochs", _EPOCHS.value),
+                                         ("min_steps", str(_MIN_STEPS.value) if _MIN_STEPS.value >= 0 else "")) if v),
            "",
            f"- Encoder: {_INIT_FROM.value} ({src_config.model.num_layers} layers, hidden "
            f"{src_config.model.hidden_size}, embedding {src_config.model.embedding_size}, vocab "

@@ -8,8 +8,9 @@ TASK: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte. SIZE (small by defaul
 picks the learning rate and layer-wise decay: small 3e-4 / 0.8, base 1e-4 / 0.8, large 5e-5 / 0.9 (Clark et al.
 2020, Table 7). The rest is google-research/electra configure_finetuning.py's: batch 32, sequence length 128,
 warm-up 10%, 3 epochs (10 for RTE and STS-B) and no more (train.min_steps=0, no early stopping; the last model is
-kept unless the dev fold carved from the training rows, task.dev_fraction, picks an earlier one). The data is read from a TFDS data_dir prepared beforehand, never
-downloaded (docs/glue.md). Not reproduced: the official code also trains MRPC, QQP and STS-B on both sentence orders.
+kept unless the dev fold carved from the training rows, task.dev_fraction, picks an earlier one). The data is read
+from a TFDS data_dir prepared beforehand, never downloaded (docs/glue.md). Not reproduced: the official code also
+trains MRPC, QQP and STS-B on both sentence orders.
 """
 from electra_jax import finetune
 

@@ -26,16 +26,15 @@ The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H)
 (tagging: dropout → dense(num_tags) at each word's first piece; QA: dense(2), start and end logits, at every piece),
 trained with AdamW, warm-up then linear decay, and layer-wise LR decay, for task.num_epochs but at least
 train.min_steps updates (so a small task trains enough), stopping once train.patience evaluations past that have not
-beaten the best dev score; train.learning_rate=0 takes the paper's rate for the encoder's size. The workdir receives config.json,
-metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
+beaten the best dev score; train.learning_rate=0 takes the paper's rate for the encoder's size. The workdir receives
+config.json, metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
 train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
 model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification,
-ElectraForTokenClassification or ElectraForQuestionAnswering directory with its tokenizer), predictions_eval.jsonl and
-predictions_test.jsonl (that model's predictions), and eval_results.json last, once the run is complete. A workdir
-holding a run of another config is refused unless --config.overwrite=true; one that another run is writing, or that
-is, holds or lies inside what this run reads (init_from's checkpoints, the tokenizer, the task files), is refused in
-any case.
-init_from, the task files and the workdir may be gs://.
+ElectraForTokenClassification or ElectraForQuestionAnswering directory with its tokenizer), predictions_eval.jsonl
+and predictions_test.jsonl (that model's predictions), and eval_results.json last, once the run is complete. A
+workdir holding a run of another config is refused unless --config.overwrite=true; one that another run is writing,
+or that is, holds or lies inside what this run reads (init_from's checkpoints, the tokenizer, the task files), is
+refused in any case. init_from, the task files and the workdir may be gs://.
 """
 import json
 
