@@ -2,6 +2,7 @@
 parameters as one process x 8 devices: per-host input, global arrays and multi-host Orbax saves all agree. The two
 pre-training processes write to a gs:// workdir on a local fake-gcs-server (conftest's gcs_bucket); the fine-tuning
 ones split every parameter across both processes (fsdp=8), so the best model and the predictions are gathered."""
+import copy
 import json
 import os
 import socket
@@ -13,10 +14,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from configs.finetune import sentiment as finetune_sentiment
 from electra_jax import finetune, storage, weights
+from electra_jax.pretrain import loop as pretrain_loop
 from tests import helpers
 
-pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
+# The two-process runs are the commands as subprocesses; the one-process run each is compared with runs in this
+# process, as conftest initialises it like the commands do.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,10 +32,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+PRETRAIN = dict(num_steps=6, log_every=3, eval_every=6, checkpoint_every=6)
+
+
 def _cmd(config, workdir):
   return [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
-          f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", "--config.train.num_steps=6",
-          "--config.train.log_every=3", "--config.train.eval_every=6", "--config.train.checkpoint_every=6"]
+          f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}"] + [
+              f"--config.train.{k}={v}" for k, v in PRETRAIN.items()]
 
 
 def _env(devices, **extra):
@@ -59,9 +67,9 @@ def test_two_processes_match_one(tiny_data, gcs_bucket, tmp_path, monkeypatch):
   config, _ = tiny_data
   host, bucket = gcs_bucket
   multi = f"gs://{bucket.name}/multihost/multi"
-  single = subprocess.run(_cmd(config, tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
-                          timeout=600, check=False)
-  assert single.returncode == 0, single.stderr[-3000:]
+  single = copy.deepcopy(config)
+  single.train.update(PRETRAIN)
+  assert int(pretrain_loop.train_and_evaluate(single, str(tmp_path / "single")).step) == PRETRAIN["num_steps"]
 
   _two_processes(_cmd(config, multi), tmp_path, STORAGE_EMULATOR_HOST=host)
 
@@ -85,16 +93,15 @@ def test_finetuning_on_two_processes_matches_one(tiny_data, tmp_path):
   rows = finetune.load_rows(task)["train"][0][:200]
   for name, part in (("train.jsonl", rows[:160]), ("eval.jsonl", rows[160:])):
     (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-  cmd = lambda workdir: [
-      sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py", f"--workdir={workdir}",
-      f"--config.init_from={pretrain}", "--config.seq_len=32", "--config.task.name=",
-      f"--config.task.train_file={tmp_path / 'train.jsonl'}", f"--config.task.eval_file={tmp_path / 'eval.jsonl'}",
-      "--config.task.dev_fraction=0.2", "--config.task.num_epochs=3", "--config.train.eval_every=4",
-      "--config.train.learning_rate=1e-3", "--config.train.min_steps=0", "--config.mesh.data=1", "--config.mesh.fsdp=8"]
-  single = subprocess.run(cmd(tmp_path / "single"), cwd=ROOT, env=_env(8), capture_output=True, text=True,
-                          timeout=600, check=False)
-  assert single.returncode == 0, single.stderr[-3000:]
-  _two_processes(cmd(tmp_path / "multi"), tmp_path)
+  overrides = {"init_from": str(pretrain), "seq_len": 32, "task.name": "",
+               "task.train_file": str(tmp_path / "train.jsonl"), "task.eval_file": str(tmp_path / "eval.jsonl"),
+               "task.dev_fraction": 0.2, "task.num_epochs": 3.0, "train.eval_every": 4, "train.learning_rate": 1e-3,
+               "train.min_steps": 0, "mesh.data": 1, "mesh.fsdp": 8}
+  single = finetune_sentiment.get_config()
+  single.update_from_flattened_dict(overrides)
+  assert finetune.finetune(single, str(tmp_path / "single"))["num_eval"] == 40
+  _two_processes([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py",
+                  f"--workdir={tmp_path / 'multi'}"] + [f"--config.{k}={v}" for k, v in overrides.items()], tmp_path)
 
   results = [json.loads((tmp_path / run / "eval_results.json").read_text()) for run in ("single", "multi")]
   history = [[(h["step"], h["eval"]["accuracy"], h["dev"]["accuracy"]) for h in r["history"]] for r in results]
