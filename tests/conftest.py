@@ -1,4 +1,5 @@
 """Every test sees 8 simulated CPU devices; this must happen before jax initialises."""
+import collections
 import os
 import pathlib
 import socket
@@ -19,6 +20,22 @@ from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-im
 sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
 
 GCS_BUCKET = "electra-test"
+# The slowest modules (pytest --durations, 2026-11-24), slowest first. `make test` (-n 2 --dist=loadfile) hands out
+# whole files in collection order (pytest.ini: --no-loadscope-reorder; xdist's own order puts the files with the
+# most tests first, so these few-test ones came last): a long file handed out last leaves the other worker idle.
+SLOWEST_FIRST = ("test_finetune_tagging_qa.py", "test_bundle.py", "test_finetune_recipe.py", "test_gpu_run.py",
+                 "test_replicate.py", "test_bad_inputs.py", "test_multihost.py", "test_gcs.py")
+
+
+def pytest_collection_modifyitems(items):
+  """SLOWEST_FIRST, then the files with the most tests marked slow, then those with the most tests (xdist's order);
+  a file's tests stay together and in order (the sort is stable)."""
+  tests, slow = collections.Counter(), collections.Counter()
+  for item in items:
+    tests[item.path.name] += 1
+    slow[item.path.name] += item.get_closest_marker("slow") is not None
+  items.sort(key=lambda item: (SLOWEST_FIRST.index(item.path.name) if item.path.name in SLOWEST_FIRST
+                               else len(SLOWEST_FIRST), -slow[item.path.name], -tests[item.path.name]))
 
 
 @pytest.fixture(scope="session")
