@@ -7,8 +7,8 @@
 TASK: cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte. SIZE (small by default) is the pre-trained model's, and
 picks the learning rate and layer-wise decay: small 3e-4 / 0.8, base 1e-4 / 0.8, large 5e-5 / 0.9 (Clark et al.
 2020, Table 7). The rest is google-research/electra configure_finetuning.py's: batch 32, sequence length 128,
-warm-up 10%, 3 epochs (10 for RTE and STS-B) and no more (train.min_steps=0, no early stopping; the last model is
-kept unless the dev fold carved from the training rows, task.dev_fraction, picks an earlier one). The data is read
+warm-up 10%, 3 epochs (10 for RTE and STS-B) and no more, every training row, the last model (train.min_steps=0,
+task.dev_fraction=0; the protocol's --learning_rates needs --config.task.dev_fraction=0.1 to choose). The data is read
 from a TFDS data_dir prepared beforehand, never downloaded (docs/glue.md). Not reproduced: the official code also
 trains MRPC, QQP and STS-B on both sentence orders.
 """
@@ -37,7 +37,8 @@ def get_config(arg: str = "sst2"):
   c = finetune.base_config()
   c.task.update(name=name, tfds_name=f"glue/{name}", train_split="train", eval_split=eval_split,
                 test_split=test_split, text_field=text, text_b_field=text_b, label_field="label",
-                type="regression" if name == "stsb" else "classification", metric=metric, num_epochs=epochs)
+                type="regression" if name == "stsb" else "classification", metric=metric, num_epochs=epochs,
+                dev_fraction=0.0)
   c.seq_len = 128
   lr, decay = RECIPES[size]
   c.train.update(batch_size=32, learning_rate=lr, layer_decay=decay, warmup_fraction=0.1, min_steps=0, patience=0)
