@@ -34,8 +34,8 @@ def setup(tiny_data, tmp_path_factory):
     (d / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
   overrides = {"init_from": str(pretrain), "seq_len": 32, "task.name": "", "task.train_file": str(d / "train.jsonl"),
                "task.eval_file": str(d / "eval.jsonl"), "task.dev_fraction": 1 / 6, "task.num_epochs": 4.0,
-               "train.learning_rate": 1e-3, "train.min_steps": 0, "train.log_every": 1, "train.eval_every": 7,
-               "train.checkpoint_every": 5}
+               "train.learning_rate": 1e-3, "train.min_steps": 0, "train.patience": 0, "train.log_every": 1,
+               "train.eval_every": 7, "train.checkpoint_every": 5}
   return d, overrides
 
 
