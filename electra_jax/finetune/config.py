@@ -69,8 +69,8 @@ def base_config() -> ml_collections.ConfigDict:
       # With a dev fold, stop once this many evaluations in a row (past min_steps) have not beaten the best one;
       # 0 = never stop early.
       patience=3,
-      # Re-initialise the top k encoder layers of a pre-trained encoder (from train.seed, as random init would):
-      # a weak encoder's last layers give near-constant features a head cannot learn from.
+      # Re-initialise the top k encoder layers of a pre-trained encoder (from train.seed, as random init would), as
+      # Zhang et al. (ICLR 2021) do for BERT; off: on the demo's weak encoder it did not help (docs/finetuning.md).
       reinit_layers=0,
       warmup_fraction=0.1,
       dropout_rate=0.1,
