@@ -13,6 +13,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests import pretrain_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# One compilation cache for the whole suite, its xdist workers and every command it runs as a subprocess (they inherit
+# the environment): the tests build the same few tiny models over and over, and compiling them is most of their time.
+# Kept between runs (.cache/ is not committed), so a second `make test` compiles almost nothing.
+os.environ.update(pretrain_cli.compile_cache(os.environ.get("JAX_COMPILATION_CACHE_DIR", ROOT / ".cache" / "jax")))
+
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position

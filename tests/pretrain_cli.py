@@ -1,7 +1,7 @@
 """Runs the real `python -m electra_jax.pretrain` for the checkpoint and bad-input tests.
 
-The subprocesses see the 8 simulated devices of conftest.py (XLA_FLAGS is inherited) and share one JAX compilation
-cache, so only the first of them compiles the step.
+The subprocesses see the 8 simulated devices and the JAX compilation cache of conftest.py (both are inherited through
+the environment), so only the first of them compiles the step.
 """
 import hashlib
 import json
@@ -15,10 +15,14 @@ import tensorstore as ts
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def env(cache_dir, **overrides) -> dict:
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-              **overrides)
+def compile_cache(cache_dir) -> dict:
+  """The environment that makes JAX keep every compiled program in cache_dir (and reuse it), however small."""
+  return dict(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def env(**overrides) -> dict:
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **overrides)
 
 
 def cmd(config, workdir, *flags) -> list[str]:

@@ -60,7 +60,7 @@ def main():
   config = tiny.get_config()
   config.data.data_dir = os.path.join(args.workdir, "data")
   os.makedirs(args.workdir, exist_ok=True)
-  env = cli.env(os.path.join(args.workdir, "jax_cache"))
+  env = cli.env(**cli.compile_cache(os.path.join(args.workdir, "jax_cache")))
   subprocess.run([sys.executable, "-m", "electra_jax.prepare", "--config=configs/tiny.py",
                   f"--config.data.data_dir={config.data.data_dir}"], cwd=ROOT, env=env, check=True,
                  capture_output=True)

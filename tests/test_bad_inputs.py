@@ -211,7 +211,7 @@ def results(tiny_data, setting, tmp_path_factory, request):
   config, _ = tiny_data
   names = [item.callspec.params["name"] for item in request.session.items
            if item.module.__name__ == __name__ and item.originalname == "test_bad_input_is_one_clear_line"]
-  env = cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
+  env = cli.env()
 
   def launch(name):
     make, flags, _, wrapper, command = _case(name)
@@ -250,7 +250,7 @@ def test_second_ctrl_c_while_saving_is_one_log_line(tiny_data, tmp_path_factory)
   and the run exits 0 as after one (tests/test_checkpoints.py); no traceback, no partial checkpoint."""
   config, _ = tiny_data
   workdir = tmp_path_factory.mktemp("second_ctrl_c") / "run"
-  proc = cli.start(cli.env(tmp_path_factory.getbasetemp() / "jax_cache"), config, workdir,
+  proc = cli.start(cli.env(), config, workdir,
                    "--config.train.num_steps=1000", "--config.train.checkpoint_every=1000",
                    "--config.train.log_every=1", "--config.train.eval_every=1000")
   _wait(proc, lambda: cli.logged_steps(workdir), "a step")

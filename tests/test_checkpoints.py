@@ -30,8 +30,8 @@ RUN = (f"--config.train.num_steps={N}", "--config.train.checkpoint_every=2", "--
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  return cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
+def env():
+  return cli.env()
 
 
 def _training(proc, workdir):

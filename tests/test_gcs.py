@@ -31,7 +31,7 @@ RUN = ("--config.train.num_steps=8", "--config.train.checkpoint_every=4", "--con
 
 def _env(host, tmp_path):
   # host:port, not http://host:port: the commands must accept both.
-  return cli.env(tmp_path / "jax_cache", STORAGE_EMULATOR_HOST=host, PYTHONPATH=ROOT,
+  return cli.env(STORAGE_EMULATOR_HOST=host, PYTHONPATH=ROOT,
                  ELECTRA_JAX_CACHE=str(tmp_path / "cache"))
 
 

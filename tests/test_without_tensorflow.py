@@ -50,10 +50,10 @@ FINETUNE = ("--config=configs/finetune/sentiment.py", "--config.task.num_epochs=
 
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory):
-  """(with TensorFlow, without it): subprocess environments sharing one compilation cache."""
+  """(with TensorFlow, without it): subprocess environments."""
   hide = tmp_path_factory.mktemp("hide_packages")
   (hide / "sitecustomize.py").write_text(HIDE_PACKAGES)
-  with_tf = cli.env(tmp_path_factory.mktemp("cache"))
+  with_tf = cli.env()
   return with_tf, dict(with_tf, PYTHONPATH=os.pathsep.join([str(hide), ROOT]), HIDDEN_PACKAGES="tensorflow")
 
 

@@ -33,8 +33,8 @@ TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  return cli.env(tmp_path_factory.getbasetemp() / "jax_cache")
+def env():
+  return cli.env()
 
 
 def _command(env, module, *flags):
