@@ -8,17 +8,19 @@ import sys
 
 import pytest
 
-from electra_jax import metrics
+from electra_jax import metrics, sources
+from electra_jax.data import prepared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-def test_pretrain_tiny_end_to_end(tiny_data, tmp_path):
+def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   config, _ = tiny_data
   workdir = tmp_path / "run"
+  # data_dir relative to the command's directory, as configs/demo.py's is
   cmd = [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
-         f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}",
+         f"--config.data.data_dir={os.path.relpath(config.data.data_dir, ROOT)}", f"--workdir={workdir}",
          "--config.train.num_steps=60", "--config.train.log_every=10", "--config.train.eval_every=30"]
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -52,6 +54,13 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path):
   # training batch's accuracy at step 10 against ~200 held-out predictions is within noise of it: not a measure.)
   assert 0 < e["eval_mlm_accuracy"] < 1
   assert e["eval_mlm_loss"] < evals[0]["eval_mlm_loss"] < math.log(config.data.vocab_size)
-  assert json.loads((workdir / "config.json").read_text())["train"]["num_steps"] == 60
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["train"]["num_steps"] == 60
+  # config.json holds the data's absolute path, so the workdir's tokenizer is found from any directory (init_from,
+  # export)
+  assert saved["data"]["data_dir"] == config.data.data_dir
+  monkeypatch.chdir(tmp_path)
+  tokenizer = prepared.tokenizer_path(config)
+  assert sources.tokenizer(str(workdir)) == tokenizer and os.path.exists(tokenizer)
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))

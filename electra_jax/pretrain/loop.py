@@ -1,13 +1,14 @@
 """The pre-training loop's own part: a workdir's checks, restore or init (the input position included), batches from
 the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
 steps, checkpoints and preemption."""
+import copy
 import time
 
 import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, flops, sources, weights
+from electra_jax import checkpoints, flops, sources, storage, weights
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
@@ -23,7 +24,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
   lock (workdir.Lock) throughout: a second writer there is refused."""
-  config = sources.with_init_tokenizer(config)
+  config = copy.deepcopy(sources.with_init_tokenizer(config))
+  # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
+  # from whatever directory they run in.
+  config.data.data_dir = storage.absolute(config.data.data_dir)
   loop_lib.check_config(config.train, "num_steps", "eval_every")
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
