@@ -27,11 +27,12 @@ from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-im
 sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
 
 GCS_BUCKET = "electra-test"
-# The slowest modules (pytest --durations, 2026-11-24), slowest first. `make test` (-n 2 --dist=loadfile) hands out
-# whole files in collection order (pytest.ini: --no-loadscope-reorder; xdist's own order puts the files with the
-# most tests first, so these few-test ones came last): a long file handed out last leaves the other worker idle.
-SLOWEST_FIRST = ("test_finetune_tagging_qa.py", "test_bundle.py", "test_finetune_recipe.py", "test_gpu_run.py",
-                 "test_replicate.py", "test_bad_inputs.py", "test_multihost.py", "test_gcs.py")
+# The slowest modules (pytest --durations, 2026-11-24, cold compilation cache), slowest first. `make test` (-n 2
+# --dist=loadfile) hands out whole files in collection order (pytest.ini: --no-loadscope-reorder; xdist's own order puts
+# the files with the most tests first, so these few-test ones came last): a long file handed out last leaves the other
+# worker idle.
+SLOWEST_FIRST = ("test_gpu_run.py", "test_finetune_recipe.py", "test_replicate.py", "test_checkpoints.py",
+                 "test_bad_inputs.py", "test_multihost.py", "test_workdir_safety.py", "test_finetune_tagging_qa.py")
 
 
 def pytest_collection_modifyitems(items):
