@@ -6,6 +6,7 @@ The cases run as real subprocesses, several at once (they are mostly start-up ti
 """
 import concurrent.futures
 import copy
+import functools
 import os
 import re
 import shutil
@@ -29,15 +30,17 @@ pytestmark = pytest.mark.slow  # every test here runs the commands as subprocess
 RUN = ("--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=1000")
 # "Disk full": files may not grow past 256 KiB (RLIMIT_FSIZE), less than the tiny checkpoint's data. Python ignores
 # SIGXFSZ, so writes fail with EFBIG as they would with ENOSPC; no root or tmpfs needed. The shared compilation cache
-# is left alone: its writes would fail too, and leave truncated entries.
-DISK_FULL = ("env", "JAX_ENABLE_COMPILATION_CACHE=false", "sh", "-c", 'ulimit -f 256 && exec "$@"', "sh")
+# is only read (no program compiles for long enough to be written): its writes would fail too, and leave truncated
+# entries. Reading it spares the pre-training case compiling its programs afresh (half a minute on 2 cores).
+DISK_FULL = ("env", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1e9", "sh", "-c", 'ulimit -f 256 && exec "$@"', "sh")
 # Root writes anywhere: without CAP_DAC_OVERRIDE (dropped from the bounding set) it obeys permission bits like a user.
 AS_A_USER = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--") if os.geteuid() == 0 else ()
 
 
 class _Setting(dict):
-  """What the cases need, each made on first use (a run of some cases, e.g. -k disk_full, makes only theirs): a
-  finished 2-step run to spoil, a prepared dataset with one example, and one with a 1000-piece vocabulary."""
+  """What the cases need, each made on first use (a run of some cases, e.g. -k few, makes only theirs): a finished
+  2-step run to spoil (and whose programs the disk-full pre-training case finds in the shared cache), a prepared
+  dataset with one example, and one with a 1000-piece vocabulary."""
 
   def __init__(self, config, base):
     super().__init__(base=base)
@@ -76,14 +79,12 @@ def setting(tiny_data, tmp_path_factory):
   return _Setting(tiny_data[0], tmp_path_factory.mktemp("bad_inputs"))
 
 
-def _copy(setting, name):
+def _copy(setting, name, spoil=None):
+  """A copy of the trained run, its only checkpoint spoilt if `spoil` (cli.spoil's `what`)."""
   workdir = setting["base"] / name
   shutil.copytree(setting["trained"], workdir)
-  return workdir
-
-
-def _spoil(workdir, what):
-  cli.spoil(workdir / "checkpoints" / "2", what)
+  if spoil:
+    cli.spoil(workdir / "checkpoints" / "2", spoil)
   return workdir
 
 
@@ -162,14 +163,14 @@ CASES = {
     "num_steps_below_the_checkpoint": (_copy, ["--config.train.num_steps=1"],
                                        r"workdir .* is at step 2, past train.num_steps=1: raise "
                                        r"--config.train.num_steps"),
-    "unreadable_only_checkpoint": (lambda s, n: _spoil(_copy(s, n), "unreadable"), [],
+    "unreadable_only_checkpoint": (functools.partial(_copy, spoil="unreadable"), [],
                                    r"no intact checkpoint under .*/checkpoints: checkpoint .*/checkpoints/2 is "
                                    r"unreadable \(.*\)\. Move them aside to start afresh, or use a new --workdir"),
-    "corrupt_only_checkpoint": (lambda s, n: _spoil(_copy(s, n), "corrupt"), [],
+    "corrupt_only_checkpoint": (functools.partial(_copy, spoil="corrupt"), [],
                                 r"no intact checkpoint under .*/checkpoints: checkpoint .*/checkpoints/2 is corrupt: "
                                 r"the bytes of \d+ of its \d+ arrays \(e.g. \S+\) differ from the checksums saved with "
                                 r"it\. Move them aside"),
-    "partial_checkpoint": (lambda s, n: _spoil(_copy(s, n), "partial"), [],
+    "partial_checkpoint": (functools.partial(_copy, spoil="partial"), [],
                            r"no intact checkpoint under .*: checkpoint .*/checkpoints/2 is unreadable \(.*\)"),
     "checkpoint_of_other_shapes": (_copy, ["--config.model.intermediate_size=96", "--allow_config_change"],
                                    r"checkpoint .*/checkpoints/2 holds a model of other shapes than this config builds "
@@ -205,16 +206,37 @@ def _case(name):
   return (*CASES[name], *((), "pretrain")[len(CASES[name]) - 3:])
 
 
+def _needs(name) -> set[str]:
+  """What of the setting a case waits for: "trained", "few", "vocab1000" (built in-process, one at a time). The
+  pre-training disk-full case waits for the trained run's programs to be in the shared cache, which it only reads."""
+  make, flags, _, wrapper, command = _case(name)
+  needs = {key for key in ("few", "vocab1000") if any("{" + key in f for f in flags)}
+  if make is _copy or getattr(make, "func", None) is _copy or (wrapper, command) == (DISK_FULL, "pretrain"):
+    needs.add("trained")
+  return needs
+
+
+def _selected(request, test):
+  """The parameters of `test` (a test function of this module) that this session runs."""
+  return [item.callspec.params for item in request.session.items
+          if item.module.__name__ == __name__ and item.originalname == test]
+
+
 @pytest.fixture(scope="module")
-def results(tiny_data, setting, tmp_path_factory, request):
-  """name -> (completed process, workdir, its files before), for the cases this session runs."""
+def launched(tiny_data, setting, request):
+  """("case", name) -> future (completed process, workdir, its files before) for the CASES this session runs, and
+  ("cli", name) -> future completed process for every CLI job (if a test of theirs runs): all of them started on
+  first use, 3 at a time (each is mostly Python's and JAX's start-up). The in-process 2-step run (the longest wait)
+  starts first, then the jobs that wait for nothing, then those that wait for something built in-process: no
+  thread waits while there is other work."""
   config, _ = tiny_data
-  names = [item.callspec.params["name"] for item in request.session.items
-           if item.module.__name__ == __name__ and item.originalname == "test_bad_input_is_one_clear_line"]
   env = cli.env()
+  names = [params["name"] for params in _selected(request, "test_bad_input_is_one_clear_line")]
 
   def launch(name):
     make, flags, _, wrapper, command = _case(name)
+    for key in _needs(name):
+      setting[key]  # pylint: disable=pointless-statement
     workdir = make(setting, name) if make else setting["base"] / name
     before = {f: h for f, h in cli.file_hashes(workdir).items() if not LEFTOVER.search(f)}
     flags = [f.format_map(setting) for f in flags]
@@ -223,8 +245,23 @@ def results(tiny_data, setting, tmp_path_factory, request):
                       wrapper=wrapper), workdir, before
     return cli.run(env, config, workdir, *RUN, *flags, wrapper=wrapper), workdir, before
 
+  jobs = {("case", name): functools.partial(launch, name) for name in names if not _needs(name)}
+  if (_selected(request, "test_every_command_refuses_bad_flags_in_one_line")
+      or _selected(request, "test_help_is_the_commands_own")):
+    jobs.update({("cli", name): functools.partial(_command, *args, script=script)
+                 for name, (args, script) in CLI_JOBS.items()})
+  waiting = sorted((name for name in names if _needs(name)), key=lambda name: _case(name)[3] != DISK_FULL)
+  jobs.update({("case", name): functools.partial(launch, name) for name in waiting})  # the longest (a run) first
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    return dict(zip(names, pool.map(launch, names)))
+    if any("trained" in _needs(name) for name in names):
+      pool.submit(setting.__getitem__, "trained")
+    yield {key: pool.submit(job) for key, job in jobs.items()}
+
+
+@pytest.fixture(scope="module")
+def results(launched):
+  """name -> (completed process, workdir, its files before), for the cases this session runs."""
+  return {name: future.result() for (table, name), future in launched.items() if table == "case"}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -245,15 +282,23 @@ def test_bad_input_is_one_clear_line(results, name):
     assert cli.file_hashes(workdir) == before
 
 
+def _catches(pid, sig) -> bool:
+  """Whether process `pid` has a handler of its own for `sig` (Linux: SigCgt in /proc/<pid>/status)."""
+  with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+    caught = int(next(l for l in f if l.startswith("SigCgt:")).split()[1], 16)
+  return bool(caught >> (sig - 1) & 1)
+
+
 def test_second_ctrl_c_while_saving_is_one_log_line(tiny_data, tmp_path_factory):
   """Ctrl-C, then Ctrl-C again while that step is being saved: the second is logged and ignored, the save completes
   and the run exits 0 as after one (tests/test_checkpoints.py); no traceback, no partial checkpoint."""
   config, _ = tiny_data
   workdir = tmp_path_factory.mktemp("second_ctrl_c") / "run"
-  proc = cli.start(cli.env(), config, workdir,
-                   "--config.train.num_steps=1000", "--config.train.checkpoint_every=1000",
-                   "--config.train.log_every=1", "--config.train.eval_every=1000")
-  _wait(proc, lambda: cli.logged_steps(workdir), "a step")
+  # The 2-step run of the cases above: its programs are compiled by then. The first Ctrl-C comes as soon as the loop
+  # handles it, during the first step (seconds: the step is traced first), so that the run stops before its end. The
+  # loop's handlers are SIGINT's, then SIGTERM's; Python's own SIGINT handler comes and goes before, none for SIGTERM.
+  proc = cli.start(cli.env(), config, workdir, *RUN)
+  _wait(proc, lambda: _catches(proc.pid, signal.SIGTERM), "the loop's signal handlers")
   proc.send_signal(signal.SIGINT)
   _wait(proc, lambda: any(".orbax-checkpoint-tmp" in c for c in cli.checkpoint_dirs(workdir)), "the save")
   proc.send_signal(signal.SIGINT)
@@ -311,15 +356,17 @@ def _command(name, *flags, script=False, wrapper=()) -> subprocess.CompletedProc
                         check=False, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
+# Every CLI case and every command's --help (console script) and --helpfull: job name -> (_command's arguments,
+# whether it runs the console script).
+CLI_JOBS = {name: ((command, *flags), False) for name, (command, flags, _) in CLI_CASES.items()}
+CLI_JOBS.update({f"{c} --help": ((c, "--help"), True) for c in COMMANDS})
+CLI_JOBS["pretrain --helpfull"] = (("pretrain", "--helpfull"), False)
+
+
 @pytest.fixture(scope="module")
-def cli_results():
-  """Every CLI case and every command's --help (console script) and --helpfull, a few at once."""
-  jobs = {name: (command, flags, False) for name, (command, flags, _) in CLI_CASES.items()}
-  jobs.update({f"{c} --help": (c, ["--help"], True) for c in COMMANDS})
-  jobs["pretrain --helpfull"] = ("pretrain", ["--helpfull"], False)
-  with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    outs = pool.map(lambda job: _command(job[0], *job[1], script=job[2]), jobs.values())
-    return dict(zip(jobs, outs))
+def cli_results(launched):
+  """CLI_JOBS' completed processes, started with the bad-input cases (`launched`)."""
+  return {name: launched["cli", name].result() for name in CLI_JOBS}
 
 
 @pytest.mark.parametrize("name", CLI_CASES)

@@ -5,6 +5,7 @@ the middle of an async save, SIGKILL at seeded random steps), stopped (SIGTERM) 
 command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row. So is a run
 that finds its latest checkpoint corrupt and resumes from the one before.
 """
+import concurrent.futures
 import json
 import os
 import re
@@ -71,7 +72,9 @@ def _assert_same_params(a, b):
 
 @pytest.fixture(scope="module")
 def straight(tiny_data, env, tmp_path_factory):
-  """N steps in one go, started at once; calling it waits: the reference every resumed run must match."""
+  """N steps in one go, started at once; calling it waits: the reference every resumed run must match.
+  `straight.compiled()` waits until it has saved its first checkpoint: every program of a run up to there is in the
+  shared compilation cache."""
   config, _ = tiny_data
   workdir = tmp_path_factory.mktemp("straight") / "run"
   proc = cli.start(env, config, workdir, *RUN)
@@ -79,15 +82,64 @@ def straight(tiny_data, env, tmp_path_factory):
   def result():
     assert proc.wait(timeout=420) == 0, cli.log(proc)[-3000:]
     return workdir
+  result.compiled = lambda: proc.poll() is not None or _wait(
+      proc, lambda: any(c.isdigit() for c in cli.checkpoint_dirs(workdir)), "the straight run's first checkpoint")
   yield result
   proc.kill()
+
+
+def _selected(request, test) -> bool:
+  return any(item.module.__name__ == __name__ and item.originalname == test for item in request.session.items)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs(tiny_data, env, straight, tmp_path_factory, request):
+  """The runs of the tests below the kill test (those this session runs), one at a time in a thread beside the kill
+  test, which keeps the other core busy: test name -> future of what it checks. They start once the straight run has
+  compiled its programs (the NaN runs compile their own; the others start from the straight run's end)."""
+  config, _ = tiny_data
+  base = tmp_path_factory.mktemp("runs")
+
+  def nan():
+    """Both runs (NaN at step 5, then again on the same workdir), a copy of the workdir after the first, the
+    workdir."""
+    workdir = base / "nan"
+    straight.compiled()
+    first = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+    shutil.copytree(workdir, base / "nan_after_first")
+    again = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+    return first, base / "nan_after_first", again, workdir
+
+  def corrupt():
+    """The run on a copy of the straight run whose checkpoint N is corrupt, and that checkpoint's file hashes."""
+    workdir = base / "corrupt"
+    shutil.copytree(straight(), workdir)
+    cli.spoil(workdir / "checkpoints" / str(N), "corrupt")
+    corrupt = cli.file_hashes(workdir / "checkpoints" / str(N))
+    return cli.run(env, config, workdir, *RUN), workdir, corrupt
+
+  def fewer_devices():
+    """The straight run continued to N + 2 on 4 devices with batch 8."""
+    workdir = base / "fewer_devices"
+    shutil.copytree(straight(), workdir)
+    four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
+    return cli.run(four, config, workdir, *RUN, f"--config.train.num_steps={N + 2}", "--config.train.batch_size=8",
+                   "--allow_config_change"), workdir
+
+  jobs = {"test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint": nan,
+          "test_corrupt_latest_checkpoint_resumes_from_the_one_before": corrupt,
+          "test_resume_on_fewer_devices_with_another_batch_size": fewer_devices}
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    yield {test: pool.submit(job) for test, job in jobs.items() if _selected(request, test)}
 
 
 def test_kills_and_sigterm_resume_exactly(tiny_data, env, straight, tmp_path):
   config, _ = tiny_data
   workdir = str(tmp_path / "run")
 
-  # SIGKILL right after the first checkpoint is complete.
+  # SIGKILL right after the first checkpoint is complete. Started once the straight run's programs are in the cache:
+  # the two would compile the same ones at once.
+  straight.compiled()
   proc = cli.start(env, config, workdir, *RUN)
   _wait(proc, lambda: "2" in cli.checkpoint_dirs(workdir), "checkpoint 2")
   _signal(proc)
@@ -129,19 +181,17 @@ def test_kills_and_sigterm_resume_exactly(tiny_data, env, straight, tmp_path):
   assert _metrics(workdir) == _metrics(reference)
 
 
-def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, env, straight, tmp_path):
-  config, _ = tiny_data
-  workdir = tmp_path / "run"
-  out = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(straight, runs, request):
+  out, after_first, again, workdir = runs[request.node.originalname].result()
   assert out.returncode == 1
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("electra-pretrain: error: loss=nan grad_norm=nan at step 5: stopped without saving it; the "
                          "last good checkpoint is kept (step 4 under "), last
-  assert cli.checkpoint_dirs(workdir) == ["2", "4"] and cli.logged_steps(workdir) == [1, 2, 3, 4]
-  _assert_same_params(_params(straight(), 4), _params(workdir, 4))
+  assert cli.checkpoint_dirs(after_first) == ["2", "4"] and cli.logged_steps(after_first) == [1, 2, 3, 4]
+  _assert_same_params(_params(straight(), 4), _params(after_first, 4))
 
   # NaN on the first step after a restore: that checkpoint is suspect, not "good".
-  out = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+  out = again
   last = out.stderr.strip().splitlines()[-1]
   assert out.returncode == 1 and re.fullmatch(
       r"electra-pretrain: error: loss=nan grad_norm=nan at step 5, the first step after resuming from step 4: that "
@@ -150,15 +200,10 @@ def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(tiny_data, env
   assert cli.checkpoint_dirs(workdir) == ["2", "4"]
 
 
-def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tiny_data, env, straight, tmp_path):
+def test_corrupt_latest_checkpoint_resumes_from_the_one_before(straight, runs, request):
   """Checkpoint N's arrays altered on disk (the files still parse): one warning line, the run resumes from N - 2
   and ends as the straight run did; the corrupt checkpoint is kept, byte for byte, under another name."""
-  config, _ = tiny_data
-  workdir = tmp_path / "run"
-  shutil.copytree(straight(), workdir)
-  cli.spoil(workdir / "checkpoints" / str(N), "corrupt")
-  corrupt = cli.file_hashes(workdir / "checkpoints" / str(N))
-  out = cli.run(env, config, workdir, *RUN)
+  out, workdir, corrupt = runs[request.node.originalname].result()
   assert out.returncode == 0, out.stderr[-3000:]
   warnings = [l for l in out.stderr.splitlines() if "corrupt" in l]
   assert len(warnings) == 1 and re.search(
@@ -173,14 +218,9 @@ def test_corrupt_latest_checkpoint_resumes_from_the_one_before(tiny_data, env, s
   assert _metrics(workdir) == _metrics(straight())
 
 
-def test_resume_on_fewer_devices_with_another_batch_size(tiny_data, env, straight, tmp_path):
+def test_resume_on_fewer_devices_with_another_batch_size(runs, request):
   """8 devices -> 4 (the arrays are resharded onto the new mesh), batch 16 -> 8 with a note, continuing to N + 2."""
-  config, _ = tiny_data
-  workdir = tmp_path / "run"
-  shutil.copytree(straight(), workdir)
-  four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
-  out = cli.run(four, config, workdir, *RUN, f"--config.train.num_steps={N + 2}", "--config.train.batch_size=8",
-                "--allow_config_change")
+  out, workdir = runs[request.node.originalname].result()
   assert out.returncode == 0, out.stderr[-3000:]
   assert "Continuing" in out.stderr and "with a changed config (--allow_config_change): train.batch_size: 16 -> 8" \
       in out.stderr

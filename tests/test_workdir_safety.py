@@ -26,7 +26,9 @@ from tests import helpers
 from tests import pretrain_cli as cli
 from tests.conftest import GCS_BUCKET
 
-N = 40  # steps of each run: the live one (LIVE, a checkpoint at every step) outlasts its readers twice over
+# Steps of each run (the live one, LIVE, saves at every step). 8 as in test_checkpoints.py and test_gcs.py: the same
+# programs, compiled once in the shared cache.
+N = 8
 RUN = (f"--config.train.num_steps={N}", "--config.train.log_every=1", "--config.train.eval_every=1000")
 LIVE = (*RUN, "--config.train.checkpoint_every=1")
 TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
@@ -178,7 +180,20 @@ def test_a_killed_writers_lock_is_taken_over(reference):
   assert [r["step"] for r in _metrics(workdir)] == list(range(1, N + 1))
 
 
+def _hold_before_the_end(proc, workdir, others):
+  """Lets the run go on (saving at every step) until it has logged step N - 3, then holds it (SIGSTOP) until the
+  futures `others` are done; the caller lets it go (SIGCONT). So the run outlasts its readers however slow they are,
+  without being made long enough for that (it had 40 steps)."""
+  held = False
+  while not all(f.done() for f in others):
+    if not held and max(cli.logged_steps(workdir) or [0]) >= N - 3:
+      proc.send_signal(signal.SIGSTOP)
+      held = True
+    time.sleep(0.01)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("refusals")  # started here: they run beside this test
 def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, reference, tmp_path):
   """While a run saves at every step: electra-export and electra-finetune read its checkpoints, and a second
   electra-pretrain on its workdir is refused in one line naming the holder. The run ends exactly as the reference;
@@ -191,12 +206,17 @@ def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, refe
   planted.mkdir()
   task = _task_files(tmp_path / "task")
   with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    export, tuned, second = pool.map(lambda job: _command(env, *job), [
+    jobs = [pool.submit(_command, env, *job) for job in [
         ("export", f"--workdir={workdir}", f"--output={tmp_path / 'export'}"),
         ("finetune", *_finetune_flags(workdir, tmp_path / "ft", *task)),
         ("pretrain", "--config=configs/tiny.py", f"--config.data.data_dir={config.data.data_dir}",
-         f"--workdir={workdir}", *LIVE)])
-  assert proc.poll() is None, f"the run ended (rc={proc.returncode}) before its readers: {cli.log(proc)[-3000:]}"
+         f"--workdir={workdir}", *LIVE)]]
+    try:
+      _hold_before_the_end(proc, workdir, jobs)
+      assert proc.poll() is None, f"the run ended (rc={proc.returncode}) before its readers: {cli.log(proc)[-3000:]}"
+    finally:
+      proc.send_signal(signal.SIGCONT)
+  export, tuned, second = (job.result() for job in jobs)
   helpers.assert_one_line_error(second, f"workdir {workdir} is in use by electra-pretrain (pid {proc.pid} on host ")
   assert proc.wait(timeout=400) == 0, cli.log(proc)[-3000:]
   assert export.returncode == 0, export.stderr[-3000:]
@@ -210,9 +230,10 @@ def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, refe
 
 @pytest.fixture(scope="module")
 def refusals(tiny_data, env, reference, tmp_path_factory):
-  """Each case's (completed process, the input it must leave intact, that input's files before), run a few at once:
-  an output that is an input (export onto its workdir, fine-tuning onto init_from, fine-tuning into the folder of
-  its task files, all with overwrite) and a tokenizer swapped after the data was prepared."""
+  """Each case's (future completed process, the input it must leave intact, that input's files before), run two at
+  a time from the first use on (beside the live run's test, which mostly waits): an output that is an input (export
+  onto its workdir, fine-tuning onto init_from, fine-tuning into the folder of its task files, all with overwrite)
+  and a tokenizer swapped after the data was prepared."""
   config, _ = tiny_data
   base = tmp_path_factory.mktemp("refusals")
   workdir = str(reference[0])
@@ -235,9 +256,9 @@ def refusals(tiny_data, env, reference, tmp_path_factory):
                              f"--workdir={base / 'swapped_run'}", *RUN), data),
   }
   before = {name: cli.file_hashes(kept) for name, (_, kept) in cases.items()}
-  with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    outs = dict(zip(cases, pool.map(lambda case: _command(env, *case[0]), cases.values())))
-  return {name: (outs[name], kept, before[name]) for name, (_, kept) in cases.items()}, base
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    yield {name: (pool.submit(_command, env, *command), kept, before[name])
+           for name, (command, kept) in cases.items()}, base
 
 
 # name -> the one line's regex; {w}: the pre-training workdir, {t}: the task files' folder, {d}: the swapped data.
@@ -255,6 +276,7 @@ MESSAGES = {
 def test_refused_in_one_line_with_inputs_intact(refusals, reference, name):
   cases, base = refusals
   out, kept, before = cases[name]
+  out = out.result()
   message = MESSAGES[name].format(w=re.escape(str(reference[0])), t=re.escape(str(base / "task")),
                                   d=re.escape(str(base / "swapped")))
   lines = [l for l in out.stderr.splitlines() if l.startswith("electra-")]
