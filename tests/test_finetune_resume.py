@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def setup(tiny_data, tmp_path_factory):
   """A tiny pre-training workdir and the config overrides of a fine-tuning run from it: 320 training rows of the
-  built-in sentiment task's files, a dev fold, evaluations every 7 steps, checkpoints every 5."""
+  built-in sentiment task's files, a dev fold, evaluations every 7 steps, checkpoints every 8 (off the evaluation
+  steps; not every 5, as each save costs about a second)."""
   d = tmp_path_factory.mktemp("resume")
   pretrain = d / "pretrain"
   helpers.save_workdir(helpers.tiny_config(tiny_data), str(pretrain), step=2)
@@ -35,7 +36,7 @@ def setup(tiny_data, tmp_path_factory):
   overrides = {"init_from": str(pretrain), "seq_len": 32, "task.name": "", "task.train_file": str(d / "train.jsonl"),
                "task.eval_file": str(d / "eval.jsonl"), "task.dev_fraction": 1 / 6, "task.num_epochs": 4.0,
                "train.learning_rate": 1e-3, "train.min_steps": 0, "train.patience": 0, "train.log_every": 1,
-               "train.eval_every": 7, "train.checkpoint_every": 5}
+               "train.eval_every": 7, "train.checkpoint_every": 8}
   return d, overrides
 
 

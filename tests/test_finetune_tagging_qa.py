@@ -119,13 +119,14 @@ def test_tagging_beats_capitalised_words_and_best_is_hfs_token_classifier(data, 
 @pytest.fixture(scope="module")
 def qa_run(data, spm, tmp_path_factory):
   """The overrides of configs/finetune/qa.py for a QA run (560 training questions, their 1900-odd windows: 119
-  steps; a dev fold of 97 other questions evaluated every 50 steps; checkpoints every 25), and its workdir once run in
-  this process."""
+  steps; a dev fold of 97 other questions evaluated every 50 steps; checkpointed at each evaluation, as the model
+  selected is restored from its own checkpoint: each save costs a second or two), and its workdir once run in this
+  process."""
   overrides = {"tokenizer": spm, **TINY, "seq_len": 96, "task.doc_stride": 24, "task.max_query_length": 40,
                "task.train_file": str(data / "qa_train.json"), "task.eval_file": str(data / "qa_eval.json"),
                "task.test_file": str(data / "qa_eval.json"), "task.dev_fraction": 0.05,
                "task.num_train_examples": 560, "task.num_epochs": 1.0, "train.log_every": 1, "train.eval_every": 50,
-               "train.checkpoint_every": 25, "train.keep_checkpoints": 10}
+               "train.checkpoint_every": 50, "train.keep_checkpoints": 10}
   workdir = tmp_path_factory.mktemp("qa_run")
   c = _config(qa_config, overrides)
   finetune.finetune(c, str(workdir))
