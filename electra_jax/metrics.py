@@ -2,10 +2,14 @@
 resumed run starts from. Its throughput and MFU figures come from flops.py."""
 import json
 import os
+import time
 
 import jax
 import numpy as np
 from etils import epath
+# tensorboardX's event file writer, not its SummaryWriter: that imports torch where installed (2 s per command).
+from tensorboardX.event_file_writer import EventFileWriter
+from tensorboardX.proto import event_pb2, summary_pb2
 
 from electra_jax import storage
 
@@ -30,7 +34,6 @@ class Writer:
     self.active = jax.process_index() == 0
     if not self.active:
       return
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self._path = epath.Path(workdir) / "metrics.jsonl"
     _rewind(self._path, start_step)
     if storage.is_remote(workdir):
@@ -38,8 +41,10 @@ class Writer:
     else:
       os.makedirs(workdir, exist_ok=True)
       self._jsonl = open(self._path, "a", encoding="utf-8")
-    # purge_step hides events a killed run logged past the checkpoint it resumes from.
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if start_step else None)
+    self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+    if start_step:  # TensorBoard hides the events a killed run logged past this restart
+      self._tb.add_event(event_pb2.Event(step=start_step + 1, session_log=event_pb2.SessionLog(
+          status=event_pb2.SessionLog.START)))
 
   def write(self, step: int, scalars: dict):
     if not self.active:
@@ -51,9 +56,10 @@ class Writer:
     else:
       self._jsonl.write(json.dumps(record) + "\n")
       self._jsonl.flush()
-    for k, v in record.items():
-      if k != "step" and v is not None:
-        self._tb.add_scalar(k, v, step)
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in record.items()
+              if k != "step" and v is not None]
+    self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
+                                       summary=summary_pb2.Summary(value=values)))
     self._tb.flush()
 
   def close(self):

@@ -3,10 +3,12 @@ figures agree with each other."""
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 
 import pytest
+from tensorboardX.proto import event_pb2
 
 from electra_jax import metrics, sources
 from electra_jax.data import prepared
@@ -63,4 +65,18 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   tokenizer = prepared.tokenizer_path(config)
   assert sources.tokenizer(str(workdir)) == tokenizer and os.path.exists(tokenizer)
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
-  assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
+  # TensorBoard holds every figure of metrics.jsonl, at its step.
+  (events,) = (workdir / "tensorboard").iterdir()
+  scalars = [(e.step, v.tag, v.simple_value) for e in _events(events) for v in e.summary.value]
+  assert scalars == [(r["step"], k, pytest.approx(v)) for r in records for k, v in r.items()
+                     if k != "step" and v is not None]
+
+
+def _events(path) -> list:
+  """The Event protos of a TensorBoard event file (TFRecord framing: length, its CRC, the data, its CRC)."""
+  data, events = path.read_bytes(), []
+  while data:
+    (n,) = struct.unpack("<Q", data[:8])
+    events.append(event_pb2.Event.FromString(data[12:12 + n]))
+    data = data[16 + n:]
+  return events
