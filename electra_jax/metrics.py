@@ -2,16 +2,32 @@
 resumed run starts from. Its throughput and MFU figures come from flops.py."""
 import json
 import os
+import sys
 import time
 
 import jax
 import numpy as np
 from etils import epath
-# tensorboardX's event file writer, not its SummaryWriter: that imports torch where installed (2 s per command).
-from tensorboardX.event_file_writer import EventFileWriter
-from tensorboardX.proto import event_pb2, summary_pb2
 
 from electra_jax import storage
+
+
+def _import_tensorboardx():
+  """tensorboardX's event writer and protos, imported with torch held off: tensorboardX imports torch where it is
+  installed, only to accept torch tensors (we log floats), and that took 1.5 s of every command's start."""
+  hold = "torch" not in sys.modules
+  if hold:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
+  try:
+    from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+  finally:
+    if hold:
+      del sys.modules["torch"]
+  return event_file_writer.EventFileWriter, event_pb2, summary_pb2
+
+
+EventFileWriter, event_pb2, summary_pb2 = _import_tensorboardx()
 
 TRAIN_FIELDS = ("step", "loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy", "replaced_fraction",
                 "learning_rate", "grad_norm", "tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")
