@@ -13,7 +13,8 @@ the evaluation that scored best on a dev fold carved from the training rows, so 
 by peeking at the eval split. Other built-in tasks (amazon, nyt, tweets, spam, trec_fine) run through
 configs/finetune/classify.py, the own-task config. The floor is TF-IDF over word 1-2-grams + logistic regression on
 the same training rows. The table holds the median (min-max) over seeds; it is printed and written as Markdown to
---output.
+--output, with a plot per task and label budget of every run's dev fold over its steps
+(<output>_<task>_<labels>_dev.png).
 """
 import importlib.util
 import json
@@ -165,7 +166,7 @@ def main(argv):
   from electra_jax import cli  # pylint: disable=g-import-not-at-top
   cli.quiet_orbax()
   del argv
-  from electra_jax.finetune import model as finetune_model  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import model as finetune_model, protocol  # pylint: disable=g-import-not-at-top
   seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))
   unknown = [t for t in _TASKS.value if t not in TASKS and t not in OTHER_TASKS]
   if unknown:
@@ -181,6 +182,10 @@ def main(argv):
       first = runs["pre-trained"][0]
       sections += [f"## {task}, {labels or 'all'} training labels ({first['num_train']} train / "
                    f"{first['num_eval']} eval)", ""] + table(runs) + [""]
+      if _OUTPUT.value:  # how each init got there: the dev fold over training
+        figure = pathlib.Path(_OUTPUT.value).with_name(f"{pathlib.Path(_OUTPUT.value).stem}_{task}_{labels}_dev.png")
+        protocol.plot_curves({m: runs[m] for m in ("pre-trained", "random init")}, first["metric"], figure)
+        sections += [f"![dev curves]({figure.name})", ""]
       verdicts.append(verdict(task, labels, runs))
 
   c0 = task_config(_TASKS.value[0], **recipe)

@@ -192,7 +192,9 @@ def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
     predicted = [json.loads(l)["prediction"] for l in (run / "predictions_eval.jsonl").read_text().splitlines()]
     assert len(predicted) == len(labels) == r["num_eval"]
     assert r["accuracy"] == pytest.approx(sum(p == l for p, l in zip(predicted, labels)) / len(labels)), r
-  assert "TF-IDF" in (out / "finetune.md").read_text()
+  report = (out / "finetune.md").read_text()
+  assert "TF-IDF" in report and "![dev curves](finetune_sentiment_64_dev.png)" in report
+  assert (out / "finetune_sentiment_64_dev.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

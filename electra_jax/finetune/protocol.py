@@ -67,16 +67,17 @@ def table(summary: dict, seeds: list[int]) -> str:
   return "\n".join(lines) + f"\n\nSeeds: {', '.join(map(str, seeds))}; cells: median (min-max) over seeds.\n"
 
 
-def plot_curves(runs: dict[float, list[dict]], metric: str, path: epath.Path):
+def plot_curves(runs: dict[str, list[dict]], metric: str, path: epath.Path):
+  """Each run's dev `metric` over its steps, one colour per key of `runs` (its label), one line per run."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6, 4))
-  for i, (rate, results) in enumerate(runs.items()):
+  for i, (label, results) in enumerate(runs.items()):
     for j, r in enumerate(results):
       history = [h for h in r.get("history", []) if "dev" in h]
       ax.plot([h["step"] for h in history], [h["dev"][metric] for h in history], color=f"C{i}", alpha=0.7,
-              label=f"lr {rate:g}" if j == 0 else None)
+              label=label if j == 0 else None)
   ax.set(xlabel="fine-tuning step", ylabel=f"dev {metric}", title="dev fold over training, one line per seed")
   ax.grid(alpha=0.3)
   ax.legend()
@@ -106,7 +107,7 @@ def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: li
     out = epath.Path(workdir)
     storage.write(out / SUMMARY_FILE, json.dumps(summary, indent=2))
     storage.write(out / TABLE_FILE, table(summary, seeds))
-    plot_curves(runs, metric, out / CURVES_FILE)
+    plot_curves({f"lr {rate:g}": r for rate, r in runs.items()}, metric, out / CURVES_FILE)
   logging.info("Protocol: learning rate %g chosen on dev; eval %s", summary["chosen_rate"],
                {k: round(v["median"], 4) for k, v in summary["eval"].items()})
   return summary
