@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from configs.finetune import classify
 from electra_jax import checkpoints, finetune, modeling
@@ -135,17 +136,12 @@ def test_the_protocol_needs_a_dev_fold_to_choose_a_rate(tiny_data, tmp_path):
   assert not (tmp_path / "p").exists()
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  return {k: v for key, value in d.items()
-          for k, v in (_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}).items()}
-
-
 def _finetune_cli(c, workdir) -> dict:
   """Config c through `electra-finetune` (its differences from configs/finetune/classify.py as flags) on one CPU
   device at XLA's default optimisation level: hundreds of updates run 4-5x faster there than on the suite's 8 simulated
   devices at level 0, which compiles faster, as the suite's many short runs need. Returns eval_results.json."""
-  base = _flat(classify.get_config().to_dict())
-  flags = [f"--config.{k}={v}" for k, v in _flat(c.to_dict()).items() if v != base[k]]
+  base = traverse_util.flatten_dict(classify.get_config().to_dict(), sep=".")
+  flags = [f"--config.{k}={v}" for k, v in traverse_util.flatten_dict(c.to_dict(), sep=".").items() if v != base[k]]
   xla = [f for f in os.environ.get("XLA_FLAGS", "").split()
          if not f.startswith(("--xla_force_host_platform_device_count=", "--xla_backend_optimization_level="))]
   env = dict(os.environ, XLA_FLAGS=" ".join(xla + ["--xla_force_host_platform_device_count=1"]))
