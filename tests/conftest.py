@@ -7,13 +7,13 @@ import subprocess
 import sys
 import time
 
-# 8 simulated devices; optimisation level 0 compiles 3-4x faster, and tests are dominated by compiling tiny models.
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import pretrain_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import pretrain_cli  # pylint: disable=g-import-not-at-top,wrong-import-position  (it imports no jax)
+
+os.environ["XLA_FLAGS"] = pretrain_cli.xla_flags(8)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # One compilation cache for the whole suite, its xdist workers and every command it runs as a subprocess (they inherit
 # the environment): the tests build the same few tiny models over and over, and compiling them is most of their time.

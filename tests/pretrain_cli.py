@@ -15,6 +15,14 @@ import tensorstore as ts
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def xla_flags(devices: int = 8) -> str:
+  """XLA_FLAGS for the tests: `devices` simulated CPU devices (0: the host's one), compiled for compile time, which
+  dominates tests of tiny models: optimisation level 0 compiles 3-4x faster, and XLA:CPU's codegen without fusion
+  emitters another third faster (a tiny step on 8 devices: 7.1 s -> 4.4 s)."""
+  count = f"--xla_force_host_platform_device_count={devices} " if devices else ""
+  return count + "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
 def compile_cache(cache_dir) -> dict:
   """The environment that makes JAX keep every compiled program in cache_dir (and reuse it), however small."""
   return dict(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

@@ -21,9 +21,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
-
 from tests import pretrain_cli as cli  # pylint: disable=wrong-import-position
+
+os.environ.setdefault("XLA_FLAGS", cli.xla_flags(8))
 
 TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
 

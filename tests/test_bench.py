@@ -15,6 +15,7 @@ import pytest
 from configs import tiny
 from electra_jax import flops
 from electra_jax.pretrain import experiment
+from tests import pretrain_cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ REQUIRED = ("tokens_per_sec", "step_time_s", "tflops_per_device", "mfu", "device
 def bench_output(*args) -> str:
   """electra-bench's stdout on one layer of configs/tiny.py, on one device at XLA's fastest-compiling level (this is
   about the harness, not the speed)."""
-  env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_backend_optimization_level=0")
+  env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=pretrain_cli.xla_flags(0))
   out = subprocess.run([sys.executable, "-m", "electra_jax.bench", "--config=configs/tiny.py",
                         "--config.model.num_layers=1", "--config.data.seq_len=32", *args],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)

@@ -122,7 +122,7 @@ def runs(tiny_data, env, straight, tmp_path_factory, request):
     """The straight run continued to N + 2 on 4 devices with batch 8."""
     workdir = base / "fewer_devices"
     shutil.copytree(straight(), workdir)
-    four = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0")
+    four = dict(env, XLA_FLAGS=cli.xla_flags(4))
     return cli.run(four, config, workdir, *RUN, f"--config.train.num_steps={N + 2}", "--config.train.batch_size=8",
                    "--allow_config_change"), workdir
 

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 from configs.finetune import sentiment as finetune_sentiment
 from electra_jax import finetune, storage, weights
 from electra_jax.pretrain import loop as pretrain_loop
-from tests import helpers
+from tests import helpers, pretrain_cli
 
 # The two-process runs are the commands as subprocesses; the one-process run each is compared with runs in this
 # process, as conftest initialises it like the commands do.
@@ -42,7 +42,7 @@ def _cmd(config, workdir):
 
 
 def _env(devices, **extra):
-  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"].replace("device_count=8", f"device_count={devices}"))
+  env = dict(os.environ, XLA_FLAGS=pretrain_cli.xla_flags(devices))
   env.update({k: str(v) for k, v in extra.items()})
   return env
 
