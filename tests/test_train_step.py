@@ -72,7 +72,7 @@ def test_accumulated_step_equals_whole_batch(objective, generator_fraction, shar
         model=dict(generator_fraction=generator_fraction, dropout_rate=0.0, attention_dropout_rate=0.0),
         objective=dict(embedding_sharing=sharing), train=dict(num_steps=4, grad_accum_steps=k)))
   whole = run(1)
-  for k, mesh in [(2, (8, 1)), (4, (8, 1)), (4, (2, 4))]:
+  for k, mesh in [(2, (8, 1)), (4, (2, 4))]:  # micro-batches of 16 rows over data=8; of 8 over data=2 x fsdp=4
     _assert_close(whole, run(k, mesh))
 
 
