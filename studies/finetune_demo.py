@@ -207,9 +207,9 @@ def main(argv):
            f"{src_config.data.vocab_size}).",
            f"- Fine-tuning: {c0.task.num_epochs:g} epochs and at least {c0.train.min_steps} updates, stopped once "
            f"{c0.train.patience} evaluations in a row past that do not beat the best on dev; batch "
-           f"{c0.train.batch_size}, lr {c0.train.learning_rate or 'by encoder size'} with layer-wise decay "
-           f"{c0.train.layer_decay:g}, {c0.train.warmup_fraction:.0%} warm-up then linear decay, dropout "
-           f"{c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
+           f"{c0.train.batch_size}, lr {c0.train.learning_rate or 'by encoder width'} with layer-wise decay "
+           f"{c0.train.layer_decay or 'by encoder depth'}, {c0.train.warmup_fraction:.0%} warm-up then linear decay, "
+           f"dropout {c0.train.dropout_rate:g}, seq_len {c0.seq_len}.",
            f"- Machine: {machine()}.", ""]
   if _OUTPUT.value:
     out = pathlib.Path(_OUTPUT.value)

@@ -43,7 +43,7 @@ def test_the_update_floor_and_the_evaluation_cadence(tiny_data):
   c.task.num_epochs = 50.0
   s = experiment.make_setup(c)
   assert s.num_steps == 500 and s.eval_every == 25  # 5% of the run (longer than an epoch)
-  assert s.learning_rate == 1.2e-3  # learning_rate=0: the paper's rate by width (Small's 3e-4 x 256 / 64)
+  assert s.learning_rate == 3e-4  # learning_rate=0: the paper's rate by width (Small's for narrower ones)
   c.task.dev_fraction = 0.0
   assert experiment.make_setup(c).eval_every == 500  # no dev fold: the last model, evaluated once
 
@@ -51,8 +51,16 @@ def test_the_update_floor_and_the_evaluation_cadence(tiny_data):
 def test_the_paper_rate_for_each_encoder_size():
   mc = lambda hidden: modeling.ModelConfig(vocab_size=10, embedding_size=hidden, discriminator=modeling.EncoderConfig(
       num_layers=1, hidden_size=hidden, num_heads=1, intermediate_size=hidden), generator=None)
-  assert [experiment.learning_rate(0.0, mc(h)) for h in (64, 128, 256, 768, 1024)] == [1.2e-3, 6e-4, 3e-4, 1e-4, 5e-5]
+  assert [experiment.learning_rate(0.0, mc(h)) for h in (64, 128, 256, 768, 1024)] == [3e-4, 3e-4, 3e-4, 1e-4, 5e-5]
   assert experiment.learning_rate(2e-5, mc(64)) == 2e-5
+
+
+def test_layer_decay_by_depth():
+  """0: the paper's 0.8 for Small and Base (12 layers), 0.9 for Large (24), off for shallower encoders."""
+  mc = lambda layers: modeling.ModelConfig(vocab_size=10, embedding_size=8, discriminator=modeling.EncoderConfig(
+      num_layers=layers, hidden_size=8, num_heads=1, intermediate_size=8), generator=None)
+  assert [experiment.layer_decay(0.0, mc(n)) for n in (2, 4, 11, 12, 23, 24)] == [1.0, 1.0, 1.0, 0.8, 0.8, 0.9]
+  assert experiment.layer_decay(0.7, mc(4)) == 0.7
 
 
 def test_early_stopping_after_the_floor_and_a_rerun_trains_no_further(tiny_data, tmp_path):

@@ -9,8 +9,9 @@ second text (pairs) and a label column; regression with --config.task.type=regre
 
 The recipe adapts to the data: at least train.min_steps updates (3 epochs of a large task, many more of a small one),
 a dev fold (10% of the training rows) that picks the model and stops the run once it stops improving, and the
-paper's learning rate for the encoder's size (train.learning_rate=0: Small 3e-4, Base 1e-4, Large 5e-5) with
-layer-wise decay 0.8. Without an eval file, 20% of the training rows are held out as the eval split.
+paper's learning rate for the encoder's size (train.learning_rate=0: Small 3e-4, Base 1e-4, Large 5e-5) and
+layer-wise decay for its depth (train.layer_decay=0: 0.8 for Small and Base, 0.9 for Large, off below 12 layers).
+Without an eval file, 20% of the training rows are held out as the eval split.
 """
 from electra_jax.finetune.config import base_config
 

@@ -59,10 +59,12 @@ def base_config() -> ml_collections.ConfigDict:
       # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
       grad_accum_steps=1,
       eval_batch_size=64,
-      # Peak rate; 0 = the paper's for the encoder's width: 3e-4 (Small: hidden 256; narrower ones 3e-4 x 256 /
-      # hidden), 1e-4 (Base: <= 768), else 5e-5 (Large).
+      # Peak rate; 0 = the paper's for the encoder's width: 3e-4 (Small: hidden <= 256), 1e-4 (Base: <= 768), else
+      # 5e-5 (Large).
       learning_rate=0.0,
-      layer_decay=0.8,  # layer-wise LR decay (0.9 for Large)
+      # Layer-wise LR decay; 0 = by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large),
+      # off (1.0) for shallower encoders.
+      layer_decay=0.0,
       # Updates at least, whatever the data's size: 3 epochs of a few thousand rows are a few hundred updates, too
       # few for a classifier to leave the majority class (from random init or a weak encoder).
       min_steps=1000,

@@ -56,12 +56,22 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
 
 def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
   """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's width: Small (256) 3e-4, Base (768)
-  1e-4, Large (1024) 5e-5. From Small to Base the paper's rate falls as 1/width; narrower encoders than Small take
-  the same rule (128 wide: 6e-4), without which a narrow encoder from random init stays at the majority class."""
+  1e-4, Large (1024) 5e-5. Narrower encoders than Small take Small's: at twice it (1/width continued below Small) a
+  4-layer, 128-wide encoder sat at the majority class for 500 updates or more, pre-trained and from random init."""
   if configured:
     return configured
   hidden = mc.discriminator.hidden_size
-  return 3e-4 * 256 / min(hidden, 256) if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
+  return 3e-4 if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
+
+
+def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
+  """train.layer_decay, or when 0 by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large);
+  off for shallower encoders than the paper's, whose lower layers must move: under 0.8 a weakly pre-trained 4-layer
+  encoder could stay at the majority class for all 1000 updates (docs/finetuning.md)."""
+  if configured:
+    return configured
+  layers = mc.discriminator.num_layers
+  return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +91,7 @@ class Setup:
   steps_per_epoch: int
   num_steps: int
   learning_rate: float  # the peak rate, train.learning_rate resolved
+  layer_decay: float  # train.layer_decay resolved
   eval_every: int
   schedule: Callable[[int], float]
   sharded: state_lib.Sharded
@@ -132,6 +143,7 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   num_steps = max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1)
   train_config = ft.train.copy_and_resolve_references()
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
+  train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
   tx, schedule = model_lib.optimizer(train_config, num_steps, mc.discriminator.num_layers)
 
   mesh = sharding.create_mesh(ft.mesh)
@@ -144,6 +156,7 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
       ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
       source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
       steps_per_epoch=steps_per_epoch, num_steps=num_steps, learning_rate=train_config.learning_rate,
+      layer_decay=train_config.layer_decay,
       eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
       schedule=schedule,
       sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,

@@ -173,7 +173,7 @@ def _results(s: Setup, progress: Progress, seconds: float, workdir: str) -> dict
   results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file,
                  init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
                  num_train=s.train.size, num_eval=s.eval.size, num_steps=s.num_steps,
-                 stopped_early=progress.stopped_early, learning_rate=s.learning_rate,
+                 stopped_early=progress.stopped_early, learning_rate=s.learning_rate, layer_decay=s.layer_decay,
                  steps_per_epoch=s.steps_per_epoch, seed=ft.train.seed, train_loss=float(np.mean(progress.losses)),
                  labels=s.head.names, metric=s.metric, seconds=seconds, eval_metrics=list(best["eval"]))
   results.update(best["eval"])

@@ -96,12 +96,12 @@ def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: li
     for seed in seeds:
       c = ft.copy_and_resolve_references()
       c.train.update(learning_rate=rate, seed=seed)
-      logging.info("Protocol: learning rate %g, seed %d", rate, seed)
+      logging.info("Protocol: learning rate %s, seed %d", f"{rate:g}" if rate else "by the width", seed)
       results = loop.finetune(c, run_dir(workdir, rate, seed))
       if results is None:
         return None
-      runs.setdefault(rate, []).append(results)
-  metric = runs[rates[0]][0]["metric"]
+      runs.setdefault(results["learning_rate"], []).append(results)  # as resolved: 0 is the width's rate
+  metric = next(iter(runs.values()))[0]["metric"]
   summary = dict(summarize(runs, metric), seeds=seeds, runs={f"{rate:g}": r for rate, r in runs.items()})
   if jax.process_index() == 0:
     out = epath.Path(workdir)

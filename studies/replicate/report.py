@@ -66,9 +66,10 @@ def report(results: dict, study, command: str, machine: str, figures: dict) -> s
       f"lr {t.learning_rate:g}, warm-up "
       f"{study.warmup_fraction:.0%} of each objective's steps then linear decay; budget "
       f"{results['budget_flops']:.3g} FLOPs.",
-      f"- Fine-tuning: {ft.task.num_epochs:g} epochs, batch {ft.train.batch_size}, lr {ft.train.learning_rate:g}, "
-      f"layer-wise decay {ft.train.layer_decay:g}, seq_len {ft.seq_len}; {study.seeds} seed(s) at the end of the "
-      f"budget and for random init, {study.checkpoint_seeds} at the checkpoints along the way.",
+      f"- Fine-tuning: {ft.task.num_epochs:g} epochs, batch {ft.train.batch_size}, lr "
+      f"{ft.train.learning_rate or 'by width'}, layer-wise decay {ft.train.layer_decay or 'by depth'}, seq_len "
+      f"{ft.seq_len}; {study.seeds} seed(s) at the end of the budget and for random init, {study.checkpoint_seeds} at "
+      "the checkpoints along the way.",
       f"- Machine: {machine}.",
       f"- Wall time: pre-training {duration(pre_s)}, fine-tuning {duration(sum(r['seconds'] for r in every_run))} "
       f"({len(every_run)} runs).", "",
