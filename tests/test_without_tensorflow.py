@@ -50,10 +50,11 @@ FINETUNE = ("--config=configs/finetune/sentiment.py", "--config.task.num_epochs=
 
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory):
-  """(with TensorFlow, without it): subprocess environments."""
+  """(with TensorFlow, without it): subprocess environments, on one device (as on the one-GPU image this stands for;
+  the suite's 8 simulated ones would only slow the commands)."""
   hide = tmp_path_factory.mktemp("hide_packages")
   (hide / "sitecustomize.py").write_text(HIDE_PACKAGES)
-  with_tf = cli.env()
+  with_tf = cli.env(XLA_FLAGS=cli.xla_flags(1))
   return with_tf, dict(with_tf, PYTHONPATH=os.pathsep.join([str(hide), ROOT]), HIDDEN_PACKAGES="tensorflow")
 
 
