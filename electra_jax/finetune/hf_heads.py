@@ -59,7 +59,5 @@ def save(model_config: modeling.ModelConfig, params, names: list[str] | None, to
   with storage.staged_dir(out, last="config.json") as tmp:
     save_file(state_dict(model_config, params), os.path.join(tmp, hf_directory.WEIGHTS_FILE),
               metadata={"format": "pt"})
-    config = hf_convert.hf_config(model_config, "discriminator", pad_id, **labels)
-    config.architectures = [kind]
-    config.save_pretrained(tmp)
+    hf_convert.save_hf_config(hf_convert.hf_config(model_config, "discriminator", pad_id, kind, **labels), tmp)
     hf_tokenizer.save_tokenizer(tokenizer_path, tmp, model_config.max_position_embeddings)

@@ -1,5 +1,8 @@
 """Our parameter tree <-> HF transformers' ELECTRA state dicts and configs: one network at a time, rename-free
 (modeling.py names parameters as HF does); only Flax's [in, out] kernels are transposed."""
+import json
+import os
+
 import jax
 import numpy as np
 from flax import traverse_util
@@ -93,16 +96,22 @@ def from_hf_state_dict(model_config: modeling.ModelConfig, state: dict, net: str
   return traverse_util.unflatten_dict(flat)
 
 
-def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, **extra):
-  """transformers.ElectraConfig of `net`."""
-  import transformers  # pylint: disable=g-import-not-at-top
+def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, architecture: str = "", **extra) -> dict:
+  """The config.json of `net` as transformers.ElectraConfig reads it (its unnamed fields keep ElectraConfig's
+  defaults). Written as plain JSON: building an ElectraConfig imports transformers and, through it, torch, which
+  cost every export and fine-tuning run about 2 s of start-up and made torch a dependency of writing a file."""
   e = getattr(model_config, net)
-  return transformers.ElectraConfig(
-      vocab_size=model_config.vocab_size, embedding_size=model_config.embedding_size, hidden_size=e.hidden_size,
-      num_hidden_layers=e.num_layers, num_attention_heads=e.num_heads, intermediate_size=e.intermediate_size,
-      hidden_act="gelu", hidden_dropout_prob=model_config.dropout_rate,
-      attention_probs_dropout_prob=model_config.attention_dropout_rate,
+  default = "ElectraForPreTraining" if net == "discriminator" else "ElectraForMaskedLM"
+  return dict(
+      model_type="electra", architectures=[architecture or default], vocab_size=model_config.vocab_size,
+      embedding_size=model_config.embedding_size, hidden_size=e.hidden_size, num_hidden_layers=e.num_layers,
+      num_attention_heads=e.num_heads, intermediate_size=e.intermediate_size, hidden_act="gelu",
+      hidden_dropout_prob=model_config.dropout_rate, attention_probs_dropout_prob=model_config.attention_dropout_rate,
       max_position_embeddings=model_config.max_position_embeddings, type_vocab_size=model_config.type_vocab_size,
       initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps,
-      pad_token_id=pad_id, tie_word_embeddings=True,
-      architectures=["ElectraForPreTraining" if net == "discriminator" else "ElectraForMaskedLM"], **extra)
+      pad_token_id=pad_id, tie_word_embeddings=True, **extra)
+
+
+def save_hf_config(config: dict, directory: str):
+  with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+    f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -43,7 +43,7 @@ def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: i
   os.makedirs(out_dir, exist_ok=True)
   save_file(convert.to_hf_state_dict(model_config, params, net), os.path.join(out_dir, WEIGHTS_FILE),
             metadata={"format": "pt"})
-  convert.hf_config(model_config, net, pad_id).save_pretrained(out_dir)
+  convert.save_hf_config(convert.hf_config(model_config, net, pad_id), out_dir)
   hf_tokenizer.save_tokenizer(tokenizer_path, out_dir, model_config.max_position_embeddings)
 
 
