@@ -1,4 +1,4 @@
-"""Tiny ELECTRA for tests: 2 layers, hidden 64, seq 64; runs in seconds on CPU.
+"""Tiny ELECTRA for tests: 1 layer, hidden 64, seq 64; runs in seconds on CPU.
 
   electra-prepare  --config=configs/tiny.py
   electra-pretrain --config=configs/tiny.py --workdir=runs/tiny

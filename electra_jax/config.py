@@ -5,10 +5,11 @@ key fails loudly instead of being silently added.
 """
 import ml_collections
 
-# Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py).
+# Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py), and "tiny" for
+# tests and smoke runs: one layer, since compiling and tracing a step grow with depth.
 SIZES = {
     #        layers hidden heads  ffn   embedding  generator fraction
-    "tiny": (2, 64, 2, 128, 32, 0.5),
+    "tiny": (1, 64, 2, 128, 32, 0.5),
     "small": (12, 256, 4, 1024, 128, 0.25),
     "base": (12, 768, 12, 3072, 768, 1 / 3),
     "large": (24, 1024, 16, 4096, 1024, 0.25),

@@ -61,10 +61,14 @@ def task_tokenizer(kind: str, tiny_data, tmp_path_factory) -> tokenizer_lib.Toke
   return tokenizer_lib.Tokenizer(str(path))
 
 
-def tiny_config(tiny_data, sharing: str = "shared"):
-  """configs/tiny.py with its prepared data (conftest's tiny_data) and `sharing` embeddings."""
+def tiny_config(tiny_data, sharing: str = "shared", num_layers: int | None = None):
+  """configs/tiny.py (one layer) with its prepared data (conftest's tiny_data) and `sharing` embeddings; tests of
+  what maps layer by layer (weights to HF and back, layer-wise decay) ask for num_layers=2, so that a swapped or
+  repeated layer index shows."""
   config = copy.deepcopy(tiny_data[0])
   config.objective.embedding_sharing = sharing
+  if num_layers:
+    config.model.num_layers = num_layers
   if sharing == "all":
     config.model.generator_fraction = 1.0
   return config

@@ -77,7 +77,7 @@ def _assert_parity(ours, theirs, ids):
 
 @pytest.mark.parametrize("sharing", ["shared", "gdes", "untied", "all"])
 def test_export_parity(sharing, tiny_data, tmp_path):
-  config = helpers.tiny_config(tiny_data, sharing)
+  config = helpers.tiny_config(tiny_data, sharing, num_layers=2)
   params = helpers.random_params(config)
   hf_directory.export(config, params, str(tmp_path / "hf"))
   assert sorted(os.listdir(tmp_path)) == ["hf"]  # the temporary directory was renamed, not left behind
@@ -161,7 +161,7 @@ def _cli(*args):
 
 @pytest.mark.slow
 def test_cli_exports_a_workdir_and_refuses_to_overwrite(tiny_data, tmp_path):
-  config = helpers.tiny_config(tiny_data, "shared")
+  config = helpers.tiny_config(tiny_data, "shared", num_layers=2)
   params = helpers.save_workdir(config, str(tmp_path / "run"), step=7)
   out = tmp_path / "export"
   r = _cli(f"--workdir={tmp_path / 'run'}", f"--output={out}")
@@ -199,7 +199,7 @@ def test_errors_are_one_line(tiny_data, tmp_path):
 def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
   """train.init_from starts a run from an HF directory's weights (here with lr 0, so they must come back unchanged);
   weights that do not fit the config are refused before anything is written."""
-  config = helpers.tiny_config(tiny_data, "shared")
+  config = helpers.tiny_config(tiny_data, "shared", num_layers=2)
   params = helpers.random_params(config)
   hf_directory.export(config, params, str(tmp_path / "hf"))
   config.train.update(init_from=str(tmp_path / "hf"), learning_rate=0.0, num_steps=1, eval_every=1)

@@ -27,7 +27,7 @@ def workdir(tiny_data, tmp_path_factory):
   """A tiny pre-training workdir (gdes sharing, so loading must fold the generator's table into the
   discriminator's) and its params."""
   path = str(tmp_path_factory.mktemp("pretrain"))
-  config = helpers.tiny_config(tiny_data, "gdes")
+  config = helpers.tiny_config(tiny_data, "gdes", num_layers=2)
   return path, config, helpers.save_workdir(config, path, step=3)
 
 
@@ -74,7 +74,7 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   official _get_layer_lrs)."""
   c = _config()
   c.train.update(weight_decay=0.0, warmup_fraction=0.0, layer_decay=0.8, learning_rate=1e-3, adam_eps=0.0)
-  mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data))
+  mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data, num_layers=2))
   L = mc.discriminator.num_layers
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(model_lib.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]

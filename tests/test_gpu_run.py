@@ -23,6 +23,7 @@ import types
 import pytest
 
 from benchmarks import gpu_run
+from configs import tiny
 from electra_jax import finetune
 from launch import bundle
 from studies import finetune_demo
@@ -188,7 +189,7 @@ def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   out, results = dry_run
   from electra_jax.hf import directory  # pylint: disable=g-import-not-at-top
   config, params = directory.import_hf(str(out / "export"))
-  assert config.model.num_layers == 2 and params
+  assert config.model.num_layers == tiny.get_config().model.num_layers and params
   ft = results["steps"]["finetune"]["figures"]["results"]
   assert sorted(r["method"] for r in ft) == ["pre-trained", "random init"]
   assert all(r["num_train"] == 64 for r in ft)

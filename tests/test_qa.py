@@ -178,7 +178,7 @@ def test_hf_question_answering_parity(tiny_data, tmp_path):
   tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
   import transformers  # pylint: disable=g-import-not-at-top
   feats = qa.encode(tok, helpers.sotu_cloze_rows()[1][:8], 64, 16, 24)
-  mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data))
+  mc = modeling.ModelConfig.from_config(helpers.tiny_config(tiny_data, num_layers=2))
   err = helpers.hf_head_parity(model_lib.QuestionAnswering(mc), None, tiny_data[1].tokenizer_path,
                                feats.examples.input_ids[:16], feats.examples.segment_ids[:16], str(tmp_path / "best"))
   assert err <= 1e-5
