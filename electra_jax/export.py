@@ -22,7 +22,7 @@ SentencePiece pipeline never produces special ids from text. Clean such strings 
 
 from absl import flags, logging
 
-from electra_jax import cli, weights
+from electra_jax import cli
 
 
 def define_flags():
@@ -34,6 +34,7 @@ def define_flags():
 
 
 def main(workdir, output, step, overwrite):
+  from electra_jax import weights  # pylint: disable=g-import-not-at-top  (only now: bad flags are refused without it)
   weights.export_hf(workdir, output, step, overwrite)
   logging.info("Exported %s to %s", workdir, output)
 

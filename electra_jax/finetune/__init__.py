@@ -15,8 +15,16 @@ extractive QA task (`electra-finetune`, or `python -m electra_jax.finetune`).
                     directory
   __main__.py       the command line
 """
-from electra_jax.finetune.config import base_config
-from electra_jax.finetune.loop import finetune
-from electra_jax.finetune.tasks import carve, compute_metrics, label_sort_key, load_rows
+import importlib
 
-__all__ = ["base_config", "carve", "compute_metrics", "finetune", "label_sort_key", "load_rows"]
+# name -> the module that defines it. Imported on first use (PEP 562), so that a config file's
+# `from electra_jax.finetune.config import base_config` loads no model stack: a bad flag is refused at once.
+_EXPORTS = {"base_config": "config", "finetune": "loop", "carve": "tasks", "compute_metrics": "tasks",
+            "label_sort_key": "tasks", "load_rows": "tasks"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

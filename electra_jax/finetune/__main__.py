@@ -41,8 +41,7 @@ import json
 from absl import flags, logging
 from ml_collections import config_flags
 
-from electra_jax import cli, finetune, sharding
-from electra_jax.finetune import protocol
+from electra_jax import cli
 
 
 def define_flags():
@@ -58,13 +57,16 @@ def define_flags():
 
 
 def main(config, workdir, seeds, learning_rates):
+  rates = [_number(float, "learning_rates", r) for r in learning_rates]
+  seeds = [_number(int, "seeds", s) for s in seeds]
+  # The library only now: flags and config are checked without it, in a fraction of a second.
+  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import loop, protocol  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
-  if seeds or learning_rates:
-    rates = [_number(float, "learning_rates", r) for r in learning_rates] or [config.train.learning_rate]
-    seeds = [_number(int, "seeds", s) for s in seeds] or [config.train.seed]
-    results = protocol.run(config, workdir, seeds, rates)
+  if seeds or rates:
+    results = protocol.run(config, workdir, seeds or [config.train.seed], rates or [config.train.learning_rate])
   else:
-    results = finetune.finetune(config, workdir)
+    results = loop.finetune(config, workdir)
   if results is not None:
     logging.info("%s", json.dumps(results))
 
