@@ -19,7 +19,8 @@ from tests import helpers, pretrain_cli
 
 # A tiny encoder from random init under the default recipe (the rate for its width, layer-wise decay for its depth,
 # warm-up, the dev fold choosing the model), on a smaller budget than its 1000-update floor: the one each test sets.
-TINY = {"model.num_layers": 2, "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
+# One layer: best/'s weights map to HF's layer by layer, which test_token_tasks.py and test_qa.py check at two.
+TINY = {"model.num_layers": 1, "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
         "model.embedding_size": 32}
 
 
@@ -143,7 +144,7 @@ def test_qa_beats_the_first_sentence_and_best_is_hfs_question_answering(qa_run, 
   assert (r["num_train"], r["num_eval"], r["metric"], r["labels"]) == (560, 150, "f1", None)
   assert [h["step"] for h in r["history"]] == [50, 100, 150, r["num_steps"]]
   assert 3 * r["steps_per_epoch"] == r["num_steps"]
-  assert r["f1"] > baseline["f1"] + 0.15 and r["exact_match"] > 0.1, (r, baseline)  # F1 0.30 against 0.03 here
+  assert r["f1"] > baseline["f1"] + 0.15 and r["exact_match"] > 0.1, (r, baseline)  # F1 0.29 against 0.03 here
   predictions = _predictions(workdir)
   assert [p["id"] for p in predictions] == [e["id"] for e in evl]
   assert qa.compute_metrics([p["prediction"] for p in predictions], evl) == {k: r[k] for k in ("exact_match", "f1")}
