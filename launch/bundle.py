@@ -137,11 +137,11 @@ def prepared_data(config_path: pathlib.Path, overrides: list[str], data_dir: str
   argv = ["bundle", f"--config={config_path}", *overrides, f"--config.data.data_dir={data_dir}"]
   config_flags.DEFINE_config_file("config", str(config_path), flag_values=values, sys_argv=argv)
   values(argv)
-  config = values.config
+  try:
+    config = prepared.resolve(values.config)
+  except (ValueError, OSError) as e:
+    raise Refused(f"{e} (as --data_override, with {config_path.relative_to(ROOT)})") from e
   dataset, tokenizer = prepared.dataset_dir(config), prepared.tokenizer_path(config)
-  if not os.path.exists(os.path.join(dataset, "dataset_info.json")):
-    raise Refused(f"no prepared data at {dataset}: give the --config.data.* overrides electra-prepare had as "
-                         f"--data_override (with {config_path.relative_to(ROOT)})")
   for path in (dataset, tokenizer):
     relative = os.path.relpath(path, data_dir)
     if relative.startswith(".."):

@@ -148,7 +148,7 @@ CASES = {
     "checkpoint_every_zero": (None, ["--config.train.checkpoint_every=0"],
                               r"train.checkpoint_every=0 must be at least 1"),
     "missing_prepared_dataset": (None, ["--config.data.data_dir={base}/nothing"],
-                                 r"no prepared data at .*/nothing/.*: run `electra-prepare"),
+                                 r"no prepared data at .*/nothing/.*: run electra-prepare"),
     "dataset_smaller_than_a_batch": (None, ["--config.data.data_dir={few.data_dir}",
                                             "--config.data.text_files={few.text_files}",
                                             "--config.data.tokenizer={few.tokenizer}", "--config.data.max_documents=0"],

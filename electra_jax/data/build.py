@@ -55,7 +55,7 @@ def build(config) -> prepared.PreparedData:
         config=pretraining.PretrainingConfig(
             name=prepared.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
-            identity=identity),
+            identity=identity, settings=prepared.settings(data)),
         data_dir=local if remote else data.data_dir)
     with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",

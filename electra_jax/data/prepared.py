@@ -1,6 +1,8 @@
 """Prepared data, as the commands find it: where electra-prepare puts the tokenizer and the dataset for a config's
-`data` section (one hash of the settings that determine them), the tokenizer's fingerprint, and `load`. Reading only:
-no TensorFlow, and nothing here writes (build.py does)."""
+`data` section (one hash of the settings that determine them), how a dataset is found from data_dir and seq_len alone
+(its metadata.json records those settings), the tokenizer's fingerprint, and `load`. Reading only: no TensorFlow, and
+nothing here writes (build.py does)."""
+import copy
 import dataclasses
 import hashlib
 import json
@@ -62,12 +64,75 @@ def metadata(dataset: str) -> dict:
   return json.loads((epath.Path(dataset) / "metadata.json").read_text())
 
 
+def settings(data) -> dict:
+  """The data.* keys that determine a dataset, recorded in its metadata.json: the dataset describes itself."""
+  return {k: data[k] for k in DATASET_KEYS}
+
+
+def _ready(path) -> bool:
+  return (epath.Path(path) / "dataset_info.json").exists()  # written last, by TFDS or storage.copy_tree
+
+
+def variants(data_dir: str) -> list[str]:
+  """The datasets prepared under `data_dir`, by name (seq<seq_len>_<hash>)."""
+  root = epath.Path(data_dir) / NAME
+  return sorted(p.name for p in root.iterdir() if _ready(p / VERSION)) if root.exists() else []
+
+
+def _describe(data_dir: str, name: str) -> str:
+  recorded = metadata(os.fspath(epath.Path(data_dir) / NAME / name / VERSION)).get("settings")
+  if recorded is None:
+    return f"{name} (prepared before datasets recorded their settings)"
+  corpus = recorded["text_files"] or recorded["tfds_name"] or "corpus:sotu"
+  return f"{name} (data.text_files/tfds_name {corpus!r}, data.vocab_size={recorded['vocab_size']})"
+
+
+def resolve(config):
+  """`config` with the data.* settings of the dataset prepared for it under data.data_dir: the one its data.* keys
+  name, else the only one there for its data.seq_len, whose metadata.json says how it was made (the corpus need not
+  be at hand, as on a TPU VM reading gs://). A seq_len, vocabulary or tokenizer that differs from the data's is
+  refused naming both; several candidates are listed."""
+  data = config.data
+  if _ready(dataset_dir(config)):
+    return config
+  names, where = variants(data.data_dir), epath.Path(data.data_dir) / NAME
+  same = [n for n in names if n.startswith(f"seq{data.seq_len}_")]
+  if not names:
+    raise FileNotFoundError(f"no prepared data at {where}: run electra-prepare with this --config and "
+                            f"--config.data.data_dir={data.data_dir} first")
+  if not same:
+    lengths = sorted({int(n[3:].split("_")[0]) for n in names})
+    raise ValueError(f"data.seq_len={data.seq_len}, but the data prepared under {data.data_dir} has seq_len "
+                     f"{', '.join(map(str, lengths))}: pass --config.data.seq_len=N to match it, or prepare "
+                     f"seq_len {data.seq_len} with electra-prepare")
+  if len(same) > 1:
+    raise ValueError(f"{data.data_dir} holds {len(same)} datasets prepared for seq_len {data.seq_len}: "
+                     f"{'; '.join(_describe(data.data_dir, n) for n in same)}: pass the --config.data.* overrides "
+                     "electra-prepare was given for the one to use")
+  path = os.fspath(where / same[0] / VERSION)
+  meta = metadata(path)
+  recorded = meta.get("settings")
+  if recorded is None:
+    raise FileNotFoundError(f"no prepared data at {dataset_dir(config)}, and {path} was prepared before datasets "
+                            "recorded their settings: run electra-prepare again with the same --config.data.* "
+                            "overrides, or pass them here")
+  if recorded["vocab_size"] != data.vocab_size:
+    raise ValueError(f"data.vocab_size={data.vocab_size}, but the data at {path} was prepared with "
+                     f"data.vocab_size={recorded['vocab_size']}: pass --config.data.vocab_size="
+                     f"{recorded['vocab_size']}, or prepare this vocabulary with electra-prepare")
+  if data.tokenizer and fingerprint(data.tokenizer) != meta["identity"]["tokenizer_sha256"]:
+    raise ValueError(f"data.tokenizer={data.tokenizer} is not the tokenizer the data at {path} was prepared with "
+                     f"({recorded['tokenizer'] or 'the one electra-prepare trained'}): pass that one, or prepare the "
+                     "data with this one")
+  config = copy.deepcopy(config)
+  config.data.update(recorded)
+  return config
+
+
 def load(config) -> PreparedData:
-  """The prepared dataset for `config`; a clear error naming the missing path and the command if there is none."""
+  """The prepared dataset for `config` (found as `resolve` finds it); a one-line error when there is none."""
+  config = resolve(config)
   path = dataset_dir(config)
-  if not (epath.Path(path) / "dataset_info.json").exists():
-    raise FileNotFoundError(f"no prepared data at {path}: run `electra-prepare --config=<this config>` with the same "
-                            "--config.data.* overrides first")
   tok = tokenizer_lib.Tokenizer(tokenizer_path(config))
   tok.check_vocab_size(config.data.vocab_size)
   meta = metadata(path)

@@ -35,6 +35,7 @@ class PretrainingConfig(tfds.core.BuilderConfig):
   num_workers: int = 0
   # Written into the dataset's metadata.json; prepare compares it to detect stale data.
   identity: dict | None = None
+  settings: dict | None = None  # the data.* keys that made it (metadata.json): commands find it from data_dir alone
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
@@ -130,4 +131,4 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
       raise corpus_lib.DataError(f"the {split} split is empty: the corpus ({cfg.corpus.description}) is too small "
                                  f"for validation_fraction={cfg.validation_fraction}")
     # Saved with the dataset (metadata.json) once both splits are written.
-    self.info.metadata.update(identity=cfg.identity, stats=self.stats)
+    self.info.metadata.update(identity=cfg.identity, settings=cfg.settings, stats=self.stats)

@@ -28,6 +28,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
   # from whatever directory they run in.
   config.data.data_dir = storage.absolute(config.data.data_dir)
+  # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
+  config = prepared_lib.resolve(config)
   loop_lib.check_config(config.train, "num_steps", "eval_every")
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
