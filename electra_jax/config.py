@@ -89,6 +89,9 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # the learning-rate schedule go on (train.num_steps then counts both runs' steps): a second phase at a longer
       # data.seq_len (docs/pretraining_features.md). The input position starts afresh: new data.
       init_from_state=False,
+      # Trace this many steps, after the first (compiling) one, with jax.profiler into <workdir>/tensorboard
+      # (TensorBoard's profile tab); 0 = none.
+      profile_steps=0,
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
   ))
   c.data = ml_collections.ConfigDict(dict(

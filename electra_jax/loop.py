@@ -3,6 +3,7 @@ progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopp
 resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
 checkpoints carry."""
 import math
+import os
 import sys
 from typing import Callable, Protocol, Sequence
 
@@ -10,7 +11,8 @@ import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, preemption
+from electra_jax import checkpoints, goodput, preemption
+from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
 
@@ -77,34 +79,57 @@ class Body(Protocol):
 
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
         log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
-        closers: Sequence[Callable[[], object]], done: Callable[[], bool] = lambda: False) -> tuple[TrainState, bool]:
+        writer: metrics_lib.Writer, clock: goodput.Clock, closers: Sequence[Callable[[], object]],
+        done: Callable[[], bool] = lambda: False, profile_steps: int = 0) -> tuple[TrainState, bool]:
   """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss and grad_norm)`) to `num_steps`:
   logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never a non-finite state,
   nor over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when
   SIGTERM/SIGINT stops the run. Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
-  step when it says so at the start. Closes the bar and `closers` however it ends. Returns (state, whether a signal
-  stopped it)."""
+  step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
+  end; traces `profile_steps` steps after the first (compiling) one into the workdir's tensorboard/ for TensorBoard's
+  profile plugin. Closes the bar, `closers`, the checkpointer and the writer however it ends. Returns (state, whether
+  a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
   in_flight = InFlight(ckpt)
+  first = int(state.step) + 1
+  profile = Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
+
+  def record_time():
+    with clock.phase("checkpoint"):
+      ckpt.close()  # waits for the last asynchronous save
+    split = clock.split()
+    writer.write(int(state.step), split)
+    if writer.active:
+      goodput.report(os.path.dirname(ckpt.directory), split, desc)
+
+  clock.started(resumed=ckpt.restored_step is not None)
   with preemption.Watcher() as watcher:
     try:
-      for step in range(int(state.step) + 1, num_steps + 1) if not done() else ():
-        state, step_metrics = step_fn(state, body.batch(step), rng)
+      for step in range(first, num_steps + 1) if not done() else ():
+        profile.before(step)
+        with clock.phase("input"):
+          batch = body.batch(step)
+        with clock.phase("compile" if step == first else "step"):
+          state, step_metrics = step_fn(state, batch, rng)
         bar.update()
         stop = watcher.reached(step)
         log_now = step % log_every == 0 or step == num_steps
         eval_now = step % eval_every == 0 or step == num_steps
         save_now = stop or step == num_steps or ckpt.should_save(step)
-        losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
-        postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now)
+        with clock.phase("compile" if step == first else "step"):
+          losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
+        profile.after(step, state)
+        with clock.phase("eval"):
+          postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now)
         if postfix:
           bar.set_postfix(postfix)
         finished = done()
         if save_now or finished:
-          lock.check()
-          ckpt.save(step, state, body.extra(), force=True, rng=rng)
+          with clock.phase("checkpoint"):
+            lock.check()
+            ckpt.save(step, state, body.extra(), force=True, rng=rng)
         if stop:
           logging.warning("Stopped by %s after step %d, saved to %s: run the same command to resume",
                           watcher.signal or "a preemption notice", step, ckpt.directory)
@@ -112,8 +137,34 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         if finished:
           break
     finally:
-      close_all((bar.close, *closers))
+      profile.stop()
+      close_all((bar.close, *closers, record_time, writer.close))
   return state, False
+
+
+class Profile:
+  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
+  <log_dir>/plugins/profile/)."""
+
+  def __init__(self, log_dir: str, start: int, count: int):
+    self.log_dir, self.start, self.end = log_dir, start, start + count - 1
+    self.active = False
+
+  def before(self, step: int):
+    if step == self.start and self.end >= self.start:
+      jax.profiler.start_trace(self.log_dir)
+      self.active = True
+
+  def after(self, step: int, state: TrainState):
+    if self.active and step == self.end:
+      jax.block_until_ready(state)  # the trace holds the steps' device work, not just their dispatch
+      self.stop()
+      logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
+
+  def stop(self):
+    if self.active:
+      self.active = False
+      jax.profiler.stop_trace()
 
 
 def close_all(closers: Sequence[Callable[[], object]]):

@@ -23,7 +23,8 @@ from electra_jax import storage
 # micro-batches), locations, and fine-tuning's overwrite (which only acts on another run). Any other difference means
 # another run, which resuming would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "mesh.", "model.remat",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
+                  "mesh.", "model.remat",
                   "train.grad_accum_steps", "data.data_dir", "data.num_workers", "overwrite")
 
 

@@ -61,12 +61,12 @@ def log(proc) -> str:
 
 
 def logged_steps(workdir) -> list[int]:
-  """Steps in metrics.jsonl (complete lines only)."""
+  """Steps in metrics.jsonl (complete lines only; a session's closing time split aside)."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
   with open(path, encoding="utf-8") as f:
-    return [json.loads(l)["step"] for l in f if l.endswith("\n")]
+    return [r["step"] for r in map(json.loads, (l for l in f if l.endswith("\n"))) if "goodput" not in r]
 
 
 def checkpoint_dirs(workdir) -> list[str]:

@@ -30,7 +30,7 @@ TIME_FIELDS = {"tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s"}
 
 def _rows(workdir) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    return [{k: v for k, v in json.loads(l).items() if k not in TIME_FIELDS} for l in f]
+    return [{k: v for k, v in r.items() if k not in TIME_FIELDS} for r in map(json.loads, f) if "goodput" not in r]
 
 
 def _wait_for_step(proc, workdir, step: int, timeout: float = 600) -> bool:

@@ -104,9 +104,9 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
   weights = [bucket.blob(f"exports/{run}/{net}model.safetensors").download_as_bytes()
              for run in ("straight", "killed") for net in ("", "generator/")]
   assert weights[:2] == weights[2:]  # the resumed run's parameters are bitwise the uninterrupted run's
-  metrics = [[{k: v for k, v in json.loads(l).items() if k not in ("tokens_per_sec", "tflops_per_device", "mfu",
-                                                                       "elapsed_s")}
-              for l in bucket.blob(f"runs/{run}/metrics.jsonl").download_as_text().splitlines()]
+  metrics = [[{k: v for k, v in r.items() if k not in ("tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")}
+              for r in map(json.loads, bucket.blob(f"runs/{run}/metrics.jsonl").download_as_text().splitlines())
+              if "goodput" not in r]  # a session's time split differs from run to run
              for run in ("straight", "killed")]
   assert [r["step"] for r in metrics[0]] == [2, 4, 6, 8] and metrics[0] == metrics[1]
 

@@ -1,5 +1,5 @@
 """electra-pretrain end to end on real (tiny) data: the loss falls, metrics.jsonl has every documented field, and its
-figures agree with each other."""
+figures agree with each other; the run's time split closes metrics.jsonl and train.profile_steps leaves a trace."""
 import json
 import math
 import os
@@ -23,11 +23,19 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   # data_dir relative to the command's directory, as configs/demo.py's is
   cmd = [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
          f"--config.data.data_dir={os.path.relpath(config.data.data_dir, ROOT)}", f"--workdir={workdir}",
-         "--config.train.num_steps=60", "--config.train.log_every=10", "--config.train.eval_every=30"]
+         "--config.train.num_steps=60", "--config.train.log_every=10", "--config.train.eval_every=30",
+         "--config.train.profile_steps=2"]
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
-  records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  *records, split = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == list(range(10, 61, 10))
+  # Where the time went: the phases add up to the wall time, the steps' share is the goodput, and the log says so.
+  phases = [v for k, v in split.items() if k.startswith("time_") and k != "time_wall_s"]
+  assert split["step"] == 60 and sum(phases) == pytest.approx(split["time_wall_s"], abs=0.05)
+  assert split["time_compile_s"] > 0 and split["time_startup_s"] > 0 and split["time_restart_s"] == 0
+  assert 0 < split["goodput"] == pytest.approx(split["time_step_s"] / split["time_wall_s"], abs=1e-3)
+  assert f"goodput {100 * split['goodput']:.1f}%" in out.stderr
+  assert list((workdir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))  # the two steps' trace
   for r in records:
     missing = [f for f in metrics.TRAIN_FIELDS if r.get(f) is None and f != "mfu"]  # no MFU on a CPU
     assert not missing, f"step {r['step']} lacks {missing}"
@@ -66,9 +74,9 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   assert sources.tokenizer(str(workdir)) == tokenizer and os.path.exists(tokenizer)
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   # TensorBoard holds every figure of metrics.jsonl, at its step.
-  (events,) = (workdir / "tensorboard").iterdir()
+  (events,) = (workdir / "tensorboard").glob("events.*")
   scalars = [(e.step, v.tag, v.simple_value) for e in _events(events) for v in e.summary.value]
-  assert scalars == [(r["step"], k, pytest.approx(v)) for r in records for k, v in r.items()
+  assert scalars == [(r["step"], k, pytest.approx(v)) for r in [*records, split] for k, v in r.items()
                      if k != "step" and v is not None]
 
 

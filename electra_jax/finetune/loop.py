@@ -11,7 +11,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from electra_jax import checkpoints, state as state_lib, storage
+from electra_jax import checkpoints, goodput, state as state_lib, storage
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import sources
@@ -27,7 +27,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
   """Fine-tunes per `ft` in `workdir`, resuming from its latest checkpoint; returns the results (also written to
   eval_results.json, last), or None when stopped by SIGTERM/SIGINT (after saving: run it again to resume). Raises a
   one-line ValueError/OSError on bad input before anything is written, FloatingPointError on a NaN/Inf loss."""
-  t0 = time.time()
+  t0, clock = time.time(), goodput.Clock()
   loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
@@ -49,7 +49,8 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     tuning = Tuning(setup, workdir, writer, progress, t0)
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
                               log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
-                              closers=(writer.close, ckpt.close), done=tuning.converged)
+                              writer=writer, clock=clock, closers=(), done=tuning.converged,
+                              profile_steps=ft.train.profile_steps)
     return None if stopped else _results(setup, progress, tuning.seconds(), workdir)
 
 

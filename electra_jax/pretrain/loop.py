@@ -8,7 +8,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, flops, sources, storage, weights
+from electra_jax import checkpoints, flops, goodput, sources, storage, weights
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
@@ -24,6 +24,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
   or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
   lock (workdir.Lock) throughout: a second writer there is refused."""
+  clock = goodput.Clock()
   config = copy.deepcopy(sources.with_init_tokenizer(config))
   # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
   # from whatever directory they run in.
@@ -33,10 +34,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   loop_lib.check_config(config.train, "num_steps", "eval_every")
   workdir_lib.check_workdir(workdir, config, allow_config_change)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
-    return _train(config, workdir, lock)
+    return _train(config, workdir, lock, clock)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock) -> TrainState:
+def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock,
+           clock: goodput.Clock) -> TrainState:
   prepared = prepared_lib.load(config)
   exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
@@ -52,7 +54,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lo
   body = PreTraining(exp, prepared, train_iter, writer, start)
   state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=num_steps,
                           log_every=config.train.log_every, eval_every=config.train.eval_every, ckpt=ckpt, lock=lock,
-                          closers=(train_iter.close, writer.close, ckpt.close))
+                          writer=writer, clock=clock, closers=(train_iter.close,),
+                          profile_steps=config.train.profile_steps)
   return state
 
 
