@@ -12,7 +12,7 @@ import ml_collections
 
 from configs import demo
 
-# The wave-1 demo recipe without dropout: ELECTRA-Small's optimiser (β2 0.999, BERT's initializer range 0.02) at the
+# An earlier demo recipe without dropout: ELECTRA-Small's optimiser (β2 0.999, BERT's initializer range 0.02) at the
 # demo's size, lr 1e-3 with a 200-step warm-up. Every recipe below changes it in the keys it names.
 BASELINE = dict(model=dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.02),
                 train=dict(learning_rate=1e-3, warmup_steps=200, adam_b2=0.999),

@@ -33,7 +33,7 @@ def get_config(scale: str = "cpu") -> ml_collections.ConfigDict:
   else:
     raise ValueError(f"configs/studies/replicate.py:{scale}: expected cpu, gpu or tiny")
   c.objectives = "electra,mlm,electra_15,replace_mlm,all_tokens_mlm,two_stage"  # comma-separated
-  # The FLOP budget of every objective: this many steps of objective electra (cpu: 2.5x the demo's 600).
+  # The FLOP budget of every objective: this many steps of objective electra (cpu: three quarters of the demo's 2000).
   c.budget_steps = {"cpu": 1500, "gpu": 10_000, "tiny": 6}[scale]
   c.warmup_fraction = 0.1  # of each objective's own steps: the warm-up scales with them
   # Fine-tuned checkpoints per objective, evenly spaced over the budget: 3 = at 1/3, 2/3 and all of it.
