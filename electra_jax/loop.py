@@ -2,6 +2,7 @@
 progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
 resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
 checkpoints carry."""
+import contextlib
 import math
 import os
 import sys
@@ -111,14 +112,13 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         profile.before(step)
         with clock.phase("input"):
           batch = body.batch(step)
-        with clock.phase("compile" if step == first else "step"):
+        with clock.phase("compile" if step == first else "step"), profile.step(step):
           state, step_metrics = step_fn(state, batch, rng)
-        bar.update()
-        stop = watcher.reached(step)
-        log_now = step % log_every == 0 or step == num_steps
-        eval_now = step % eval_every == 0 or step == num_steps
-        save_now = stop or step == num_steps or ckpt.should_save(step)
-        with clock.phase("compile" if step == first else "step"):
+          bar.update()
+          stop = watcher.reached(step)
+          log_now = step % log_every == 0 or step == num_steps
+          eval_now = step % eval_every == 0 or step == num_steps
+          save_now = stop or step == num_steps or ckpt.should_save(step)
           losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
         profile.after(step, state)
         with clock.phase("eval"):
@@ -154,6 +154,10 @@ class Profile:
     if step == self.start and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir)
       self.active = True
+
+  def step(self, step: int):
+    """Marks a step in the trace, so the profile plugin's overview gives step times."""
+    return jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
 
   def after(self, step: int, state: TrainState):
     if self.active and step == self.end:
