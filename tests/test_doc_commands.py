@@ -12,7 +12,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # A line (or an inline code span) that starts with a command, possibly by its path in a virtualenv.
-COMMAND = re.compile(r"^(?:\S*/)?(electra-(?:prepare|pretrain|export|finetune|bench))\s+(--.*)$")
+COMMAND = re.compile(r"^(?:\S*/)?(electra-[a-z]+)\s+(--.*)$")
 
 
 def _modules() -> dict:
@@ -47,7 +47,7 @@ def documented() -> list[tuple[str, list[str]]]:
 
 def test_every_documented_command_parses():
   commands = documented()
-  assert len(commands) > 40 and {argv[0] for _, argv in commands} == set(_modules())
+  assert len(commands) > 40 and {argv[0] for _, argv in commands} <= set(_modules()), "a command setup.py lacks"
   out = subprocess.run([sys.executable, __file__], input=json.dumps([argv for _, argv in commands]), cwd=ROOT,
                        capture_output=True, text=True, check=True, timeout=300,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
