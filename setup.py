@@ -25,6 +25,7 @@ setuptools.setup(
         "importlib_resources>=5",  # tfds imports it without declaring it
         "array_record>=0.8,<0.9",  # random-access storage: O(1), bit-exact resume of the input
         "tokenizers>=0.20",  # BERT WordPiece vocab.txt (Google's checkpoints)
+        "safetensors>=0.4",  # the weights of electra-export's HF directory and of fine-tuning's best/
     ],
     extras_require={
         # electra-prepare: TFDS writes datasets through TensorFlow (tensorflow-cpu: it must not claim TPUs or GPUs).
@@ -38,8 +39,12 @@ setuptools.setup(
         # Regression metrics (scipy, through scikit-learn), the TF-IDF + logistic-regression floor, and the
         # replication's figures.
         "finetune": ["scikit-learn>=1.3,<2", "matplotlib>=3.8,<4"],
-        # The TensorBoard viewer for a workdir's tensorboard/ (the runs write it with tensorboardX).
-        "viewer": ["tensorboard>=2.16,<3"],
+        # The TensorBoard viewer for a workdir's tensorboard/ (the runs write it with tensorboardX), with the Profile
+        # tab for train.profile_steps' traces.
+        "viewer": ["tensorboard>=2.16,<3", "tensorboard-plugin-profile>=2.15,<3"],
+        # electra-compile: XLA's TPU compiler (libtpu, pinned by jax's own `tpu` extra to the installed jax) compiles
+        # the steps for any Cloud TPU slice on a machine without one.
+        "tpu": ["jax[tpu]>=0.7,<0.12"],
         # gs:// paths: gcsfs under etils.epath (every file but the arrays), google-cloud-storage for tensorboardX's
         # event files; Orbax's arrays go through TensorStore, which needs nothing more.
         "gcs": ["gcsfs>=2024.2", "google-cloud-storage>=2.14,<4"],
@@ -54,6 +59,7 @@ setuptools.setup(
             "electra-export=electra_jax.export:run",
             "electra-finetune=electra_jax.finetune.__main__:run",
             "electra-bench=electra_jax.bench:run",
+            "electra-compile=electra_jax.compile:run",
         ],
     },
 )

@@ -105,7 +105,7 @@ def optimizer(model: torch.nn.Module, train) -> torch.optim.Optimizer:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if FLAGS.data_dir or FLAGS.pipeline or FLAGS.memory_only:
+  if FLAGS.data_dir or FLAGS.pipeline:
     raise app.UsageError("the peer times the step on synthetic batches only")
   torch.set_num_threads(os.cpu_count())
   torch.manual_seed(0)

@@ -1,7 +1,8 @@
 """electra-bench: the speed of one training step (and, with --pipeline, of the input pipeline) for a config.
 
   electra-bench --config=configs/small.py --config.train.batch_size=32 --config.model.dtype=float32 [--steps=10]
-  electra-bench --config=configs/base.py --memory_only --shards=8    # does a v3-8 core's batch fit?
+
+Whether a config fits a TPU slice, and what XLA's TPU compiler expects of it: electra-compile (no TPU needed).
 
 Compiles the step (reports compile time and compiled.memory_analysis()), warms up, then times --steps steady-state
 steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
@@ -28,13 +29,10 @@ def define_flags():
       flags.DEFINE_integer("steps", 10, "Timed steps."),
       flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling."),
       flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets config.data.data_dir; "
-                          "needs TensorFlow); default: synthetic ids."),
+                          "no TensorFlow needed); default: synthetic ids."),
       flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data (--data_dir or "
                         "config.data.data_dir)."),
-      flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
-      flags.DEFINE_bool("memory_only", False, "Only lower and compile the step and report its memory."),
-      flags.DEFINE_integer("shards", 1, "With --memory_only: compile for one device's share of the global batch split "
-                           "over this many devices (8 for a v3-8), data parallel.")]
+      flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline.")]
 
 
 def config_name() -> str:
@@ -125,7 +123,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
               pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
 
 
-def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_only, shards):
+def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from electra_jax import flops, modeling, sharding  # pylint: disable=g-import-not-at-top
@@ -142,12 +140,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_onl
     prepared = prepared_lib.load(config)
   special = prepared.special_ids if prepared else SpecialIds()
   device = jax.devices()[0]
-  devices = [device] if memory_only else None
-  if memory_only:
-    if config.train.batch_size % shards:
-      raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by --shards={shards}")
-    config.train.batch_size //= shards
-  exp = experiment.create(config, special, devices=devices, word_starts=prepared.word_starts if prepared else None)
+  exp = experiment.create(config, special, word_starts=prepared.word_starts if prepared else None)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
   result = dict(config=name, device=device.device_kind, platform=device.platform,
                 num_devices=len(exp.sharded.mesh.devices.flat),
@@ -156,18 +149,6 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, memory_onl
                 attention_kernel=(modeling.fused_kernel(config.model.dtype) or "xla"
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=flops.step_flops(exp.config), jax=jax.__version__)
-
-  if memory_only:
-    rng = jax.random.key(config.train.seed)
-    state = jax.eval_shape(exp.sharded.init, rng)
-    t0 = time.perf_counter()
-    shapes = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=exp.sharded.batch)
-    compiled = exp.step.lower(state, {"input_ids": shapes, "segment_ids": shapes}, rng).compile()
-    result.update(compile_s=time.perf_counter() - t0, shards=shards, **memory_report(compiled))
-    if device.platform == "cpu":
-      result["note"] = "XLA:CPU compile: an estimate of an accelerator's buffer assignment, not a measurement"
-    print(json.dumps(result))
-    return
 
   result.update(time_steps(exp, config, special, prepared, steps, warmup))
   stats = device.memory_stats() or {}

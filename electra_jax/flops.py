@@ -22,7 +22,7 @@ PEAK_FLOPS = {
     "TPU v4": 275e12,
     "TPU v5 lite": 197e12,
     "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
+    "TPU v5": 459e12,  # v5p (v5e is "TPU v5 lite", matched above)
     "TPU v6 lite": 918e12,
     "NVIDIA H100": 989e12,
     "NVIDIA H200": 989e12,

@@ -10,6 +10,7 @@ _SOURCES = {
     "gcsfs": ("gcsfs", "gcs"),
     "tensorboardX": ("tensorboardX", None),
     "matplotlib": ("matplotlib", "finetune"),
+    "libtpu": ("libtpu", "tpu"),
 }
 
 

@@ -338,13 +338,17 @@ CLI_CASES = {
     "bench_wrong_type": ("bench", ["--config=configs/tiny.py", "--steps=ten"],
                          r"flag --steps=ten: invalid literal for int\(\) with base 10: 'ten'"),
     "bench_extra_argument": ("bench", ["--config=configs/tiny.py", "10"], r"unexpected arguments: 10"),
+    "compile_unknown_tpu": ("compile", ["--config=configs/tiny.py", "--tpu=v9-8"], r"unknown TPU accelerator type 'v9-8'"),
+    "compile_odd_slice": ("compile", ["--config=configs/tiny.py", "--tpu=v3-12"], r"must be a power of two"),
+    "compile_batch_over_devices": ("compile", ["--config=configs/tiny.py", "--tpu=v3-32"],
+                                   r"train.batch_size=16 is not divisible by the 32 data-parallel devices"),
 }
-COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench")
+COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench", "compile")
 OWN_FLAGS = {"prepare": ["config"], "pretrain": ["config", "workdir", "allow_config_change"],
              "export": ["workdir", "output", "step", "overwrite"],
              "finetune": ["config", "workdir", "seeds", "learning_rates"],
-             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "memory_only",
-                       "shards"]}
+             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches"],
+             "compile": ["config", "tpu", "num_slices", "encoder"]}
 
 
 def _command(name, *flags, script=False, wrapper=()) -> subprocess.CompletedProcess:

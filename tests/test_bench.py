@@ -60,13 +60,6 @@ def test_bench_reports_fused_attention():
   assert " fused attention (xla) on " in lines[-2]
 
 
-@pytest.mark.slow
-def test_bench_memory_only_compiles_per_device_share():
-  result = bench("--memory_only", "--shards=8")
-  assert result["batch"] == 16 // 8 and result["num_devices"] == 1
-  assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and "tokens_per_sec" not in result
-
-
 def test_bench_imports_without_tensorflow():
   code = "import sys; import electra_jax.bench, electra_jax.pretrain.loop; assert 'tensorflow' not in sys.modules"
   subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, modeling, sharding, state as state_lib
+from electra_jax import accumulate, aot, modeling, sharding, state as state_lib
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import input_pipeline
 from electra_jax.finetune import model as model_lib, tasks
@@ -74,6 +74,12 @@ def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
 
 
+def encoder_config(ft: ml_collections.ConfigDict, src_config: ml_collections.ConfigDict) -> modeling.ModelConfig:
+  """The discriminator alone, in the shared layout, with the fine-tuning dropout."""
+  return dataclasses.replace(modeling.ModelConfig.from_config(src_config), embedding_sharing="shared",
+                             dropout_rate=ft.train.dropout_rate, attention_dropout_rate=ft.train.dropout_rate)
+
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """What a run builds from its config and inputs before it writes anything."""
@@ -90,14 +96,14 @@ class Setup:
   metric: str  # what model selection maximises
   steps_per_epoch: int
   num_steps: int
-  learning_rate: float  # the peak rate, train.learning_rate resolved
-  layer_decay: float  # train.layer_decay resolved
   eval_every: int
+  rng: jax.Array
+  learning_rate: float  # Steps' fields, below
+  layer_decay: float
   schedule: Callable[[int], float]
   sharded: state_lib.Sharded
-  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
-  predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
-  rng: jax.Array
+  step_fn: Callable
+  predict: Callable
 
   def global_batch(self, examples: tasks.Examples, rows: np.ndarray) -> dict[str, jax.Array]:
     """The global batch of `rows`, from this host's share of them."""
@@ -127,10 +133,7 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
   train, dev = head.take(train, rest), head.take(train, dev) if len(dev) else None
 
-  # The discriminator alone, in the shared layout, with the fine-tuning dropout.
-  mc = dataclasses.replace(modeling.ModelConfig.from_config(src_config), embedding_sharing="shared",
-                           dropout_rate=ft.train.dropout_rate, attention_dropout_rate=ft.train.dropout_rate)
-  model = head.model(mc)
+  mc = encoder_config(ft, src_config)
   for key in ("min_steps", "patience", "reinit_layers"):
     if ft.train[key] < 0:
       raise ValueError(f"train.{key}={ft.train[key]} must be at least 0")
@@ -141,25 +144,53 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   if not steps_per_epoch:
     raise ValueError(f"{len(train.examples.labels)} training examples do not fill one batch of {ft.train.batch_size}")
   num_steps = max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1)
+  steps = build_steps(ft, head, mc, seq_len, num_steps)
+  return Setup(
+      ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
+      source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
+      steps_per_epoch=steps_per_epoch, num_steps=num_steps,
+      eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
+      rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1),
+      **{f.name: getattr(steps, f.name) for f in dataclasses.fields(steps)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+  """A run's optimiser and jitted steps on its mesh: built from the encoder, head and length alone (no data)."""
+  learning_rate: float  # the peak rate, train.learning_rate resolved
+  layer_decay: float  # train.layer_decay resolved
+  schedule: Callable[[int], float]
+  sharded: state_lib.Sharded
+  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
+  predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
+
+
+def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelConfig, seq_len: int, num_steps: int,
+                devices=None) -> Steps:
+  """The optimiser (train.* with the rate and decay resolved) and the jitted train and predict steps on the mesh of
+  `devices` (default: this host's)."""
   train_config = ft.train.copy_and_resolve_references()
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
   tx, schedule = model_lib.optimizer(train_config, num_steps, mc.discriminator.num_layers)
-
-  mesh = sharding.create_mesh(ft.mesh)
+  mesh = sharding.create_mesh(ft.mesh, devices)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  model = head.model(mc)
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
-  return Setup(
-      ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
-      source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
-      steps_per_epoch=steps_per_epoch, num_steps=num_steps, learning_rate=train_config.learning_rate,
-      layer_decay=train_config.layer_decay,
-      eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
-      schedule=schedule,
-      sharded=sharded, step_fn=sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
-                                                          accum_steps=ft.train.grad_accum_steps)),
-      predict=sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"])),
-      rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1))
+  step_fn = sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
+                                               accum_steps=ft.train.grad_accum_steps))
+  predict = sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"]))
+  return Steps(train_config.learning_rate, train_config.layer_decay, schedule, sharded, step_fn, predict)
+
+
+def compile_targets(ft: ml_collections.ConfigDict, head: Head, steps: Steps, seq_len: int) -> list:
+  """The train and predict steps with ShapeDtypeStructs of their arguments (aot.py compiles them)."""
+  state = steps.sharded.abstract()
+  rng = aot.key_struct(steps.sharded.replicated)
+  batch = lambda rows, **labels: aot.int_batch(steps.sharded.batch, rows, seq_len, **labels)
+  return [("train step", steps.step_fn, (state, batch(ft.train.batch_size, labels=head.label_shape(
+              ft.train.batch_size, seq_len)), rng)),
+          ("predict step", steps.predict, (state.params, batch(ft.train.eval_batch_size), rng))]

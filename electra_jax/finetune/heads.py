@@ -37,8 +37,8 @@ class Split:
 @dataclasses.dataclass(frozen=True)
 class Head:
   """What a task type brings to the loop: its model head and loss, how its splits are read, encoded and carved, its
-  metrics (`selectable`: those model selection may maximise, the default first), prediction rows and best/ (the HF
-  class of its head, hf_heads.py)."""
+  metrics (`selectable`: those model selection may maximise, the default first), prediction rows, best/ (the HF
+  class of its head, hf_heads.py) and `label_shape(batch, seq_len)`: (shape, dtype) of a batch's labels."""
   names: list[str] | None  # the labels or tags; None: regression and QA
   fields: ClassVar[tuple[str, ...]] = ("input_ids", "segment_ids", "labels")  # of tasks.Examples, in each batch
   module: ClassVar[type[nn.Module]]  # finetune/model.py's, built as module(model_config, num_labels)
@@ -73,6 +73,9 @@ class Classification(Head):
   def selectable(self) -> tuple[str, ...]:
     return METRICS[3:] if self.names is None else METRICS[:3]
 
+  def label_shape(self, batch: int, seq_len: int):
+    return (batch,), np.int32 if self.names else np.float32  # regression: a target per text
+
   def loss(self, logits: jax.Array, batch: dict) -> jax.Array:
     if self.names is None:
       return jnp.mean((logits[:, 0] - batch["labels"]) ** 2)
@@ -104,6 +107,9 @@ class Tagging(Head):
   module: ClassVar = model_lib.TokenClassifier
   selectable: ClassVar = token_tasks.METRICS
   loss = staticmethod(token_tasks.loss)
+
+  def label_shape(self, batch: int, seq_len: int):
+    return (batch, seq_len), np.int32  # a tag per piece (IGNORE but at words' first pieces)
 
   @classmethod
   def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
@@ -143,6 +149,9 @@ class QA(Head):
   @property
   def num_labels(self) -> int:
     return 2  # start, end
+
+  def label_shape(self, batch: int, seq_len: int):
+    return (batch, 2), np.int32  # the answer's start and end pieces
 
   @classmethod
   def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, losses, modeling, objectives, optim, sharding, state as state_lib
+from electra_jax import accumulate, aot, losses, modeling, objectives, optim, sharding, state as state_lib
 from electra_jax.state import TrainState
 from electra_jax.special_ids import SpecialIds
 
@@ -89,6 +89,15 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
                                             nan_at_step=config.train.debug_nan_at_step, **kw))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
   return Experiment(config, model, special, schedule, sharded, step, evaluate_batch)
+
+
+def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
+  """The steps the loop runs, each with ShapeDtypeStructs of its arguments on the experiment's mesh: what aot.py
+  compiles for a TPU slice without materialising anything."""
+  state = exp.sharded.abstract()
+  batch = aot.int_batch(exp.sharded.batch, exp.config.train.batch_size, exp.config.data.seq_len)
+  rng = aot.key_struct(exp.sharded.replicated)
+  return [("train step", exp.step, (state, batch, rng)), ("eval step", exp.eval, (state.params, batch, rng))]
 
 
 def evaluate(exp: Experiment, params, batches) -> dict:

@@ -1,0 +1,121 @@
+"""Ahead of time: a command's jitted steps lowered and compiled by XLA's TPU compiler for a slice's devices
+(topology.py) from ShapeDtypeStructs, so nothing is materialised and no TPU is needed. What the compiler says of each
+step: its memory plan per device (or that it runs out of HBM, and by how much), its FLOPs, and its cost model's time.
+"""
+import dataclasses
+import math
+import re
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# libtpu's words when a program's temporaries exceed the HBM left for them.
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """One compiled step, per device."""
+  name: str
+  lower_s: float
+  compile_s: float
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int  # outputs that reuse (donated) argument buffers
+  temp_bytes: int
+  code_bytes: int
+  flops: float  # XLA's count: matmuls, elementwise work, the optimiser's update
+  seconds: float | None  # the TPU cost model's time for one step: an estimate, not a measurement
+
+  @property
+  def peak_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+class OutOfMemory(Exception):
+  """The compiler found no memory plan within the device's HBM."""
+
+  def __init__(self, name: str, temp_bytes: int, available_bytes: int, message: str):
+    super().__init__(message)
+    self.name, self.temp_bytes, self.available_bytes = name, temp_bytes, available_bytes
+
+
+def gib(n: float) -> str:
+  return f"{n / 2**30:.2f} GiB"
+
+
+def batch_struct(sharding, **shapes) -> dict:
+  """ShapeDtypeStructs of a batch: name -> (shape, dtype), each split as `sharding` splits batches."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
+
+
+def key_struct(sharding) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding)
+
+
+def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
+  """Lowers and compiles `jitted` for `args` (ShapeDtypeStructs on the target's devices). Raises OutOfMemory when
+  the compiler finds no plan within the HBM."""
+  t0 = time.perf_counter()
+  lowered = jitted.lower(*args)
+  t1 = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    found = _OOM.search(str(e))
+    if "RESOURCE_EXHAUSTED" not in str(e) or not found:
+      raise
+    need, need_unit, have, have_unit = found.groups()
+    raise OutOfMemory(name, int(float(need) * UNITS[need_unit]), int(float(have) * UNITS[have_unit]),
+                      " ".join(str(e).split())) from None
+  t2 = time.perf_counter()
+  m = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return Report(name, t1 - t0, t2 - t1, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
+                m.temp_size_in_bytes, m.generated_code_size_in_bytes, float(cost.get("flops", 0.0)),
+                cost.get("optimal_seconds"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """The largest per-device batch whose train step the compiler placed in HBM, and how it was found."""
+  rows_per_device: int
+  report: Report
+  predicted: int  # what the linear growth of the plan predicted before the confirming compile(s)
+
+
+def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, rows_per_device: int,
+                multiple: int = 1, tries: int = 3) -> Fit | None:
+  """The largest per-device batch (a multiple of `multiple`) that fits, from how the step's temporaries grow with the
+  batch: the plan at `multiple` rows and the compiler's need at `rows_per_device` (from `too_large`) fix a line whose
+  crossing of the available HBM one compile confirms (a miss moves the line's far end there, at most `tries` compiles
+  in all). None when even `multiple` rows do not fit."""
+  try:
+    fits = (multiple, compile_at(multiple))
+  except OutOfMemory:
+    return None
+  fail = (rows_per_device, too_large.temp_bytes)
+  predicted = None
+  for _ in range(tries):
+    slope = (fail[1] - fits[1].temp_bytes) / (fail[0] - fits[0])
+    rows = fits[0] + (too_large.available_bytes - fits[1].temp_bytes) / slope
+    rows = min(fail[0] - multiple, int(rows // multiple) * multiple)
+    predicted = predicted or rows
+    if rows <= fits[0]:
+      break
+    try:
+      return Fit(rows, compile_at(rows), predicted)
+    except OutOfMemory as e:
+      fail = (rows, e.temp_bytes)
+  return Fit(fits[0], fits[1], predicted)
+
+
+def int_batch(sharding, batch: int, seq_len: int, **extra) -> dict:
+  """ShapeDtypeStructs of a batch of token ids and segment ids (int32 [batch, seq_len]) and `extra` fields (name ->
+  (shape, dtype)), split as `sharding` splits batches."""
+  return batch_struct(sharding, input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32),
+                      **extra)

@@ -1,0 +1,195 @@
+"""electra-compile: compile a config's train and evaluation steps for a Cloud TPU slice on this machine (no TPU needed)
+and report whether they fit, what XLA counts and what the TPU cost model expects, before a slice is booked.
+
+  electra-compile --config=configs/base.py --tpu=v3-8
+  electra-compile --config=configs/large.py --tpu=v4-32 --config.train.batch_size=1024
+  electra-compile --config=configs/finetune/glue.py:mnli,base --tpu=v3-8 --encoder=base
+  electra-compile --config=configs/finetune/qa.py --config.seq_len=512 --tpu=v3-8 --config.init_from=gs://B/export
+
+The steps are the commands' own (electra-pretrain's train and eval steps; electra-finetune's train and predict
+steps), jitted over the slice's mesh as the config's mesh.* lays it out, and compiled by XLA's TPU compiler (libtpu:
+the `tpu` extra) from shapes alone: nothing is materialised, read or run. The table gives, per device: the memory plan
+(arguments, temporaries, generated code) against the device's HBM; the step's FLOPs as XLA counts them beside
+electra_jax.flops' model count; the TPU cost model's step time with the tokens/s and MFU it implies, and the time to
+train.num_steps: estimates, not measurements. A step that does not fit ends in one line naming what it needs, the HBM
+and the largest batch that fits (predicted from how the plan grows with the batch, confirmed by compiling it). The
+last line of output is one JSON object. Compiling Base takes minutes on a laptop: far less than a slice's time.
+"""
+import json
+import time
+
+from absl import flags
+from ml_collections import config_flags
+
+from electra_jax import cli
+
+ENCODERS = ("small", "base", "large")
+BERT_VOCAB = 30522  # the paper's vocabulary (BERT's uncased WordPiece), for fine-tuning configs with no tokenizer
+
+
+def define_flags():
+  return [
+      config_flags.DEFINE_config_file("config", None, "A pre-training or fine-tuning config file (Python, "
+                                      "get_config()).", lock_config=True),
+      flags.DEFINE_string("tpu", None, "The accelerator type, as gcloud names it: v2-8, v3-8, v3-32, v4-8, v4-32, "
+                          "v5e-8 (v5litepod-8), v5p-8, v6e-8, ..."),
+      flags.DEFINE_integer("num_slices", 1, "Slices of that type joined over the data-centre network (multislice)."),
+      flags.DEFINE_enum("encoder", None, ENCODERS, "Fine-tuning configs without init_from: the paper's encoder of "
+                        "this size (bfloat16) instead of config.model.")]
+
+
+def _finetune_targets(ft, encoder, devices):
+  """(targets, model FLOPs per train step, tokens per step, what the encoder is) of a fine-tuning config."""
+  from electra_jax import config as config_lib, flops, weights  # pylint: disable=g-import-not-at-top
+  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import experiment, heads  # pylint: disable=g-import-not-at-top
+  if ft.init_from:
+    source = weights.load(ft.init_from, with_params=False).config
+    what = ft.init_from
+  else:
+    source = config_lib.base()
+    source.model.update(config_lib.model_config(encoder).to_dict() if encoder else ft.model.to_dict())
+    if encoder:
+      source.model.dtype = "bfloat16"
+    source.data.vocab_size = tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size if ft.tokenizer else BERT_VOCAB
+    what = f"{encoder or 'config.model'} encoder, vocabulary {source.data.vocab_size}"
+  seq_len = min(ft.seq_len, source.model.max_position_embeddings)
+  mc = experiment.encoder_config(ft, source)
+  head_type = heads.HEADS.get(ft.task.type)
+  if head_type is None:
+    raise ValueError(f"task.type={ft.task.type!r}: expected one of {', '.join(heads.HEADS)}")
+  head = head_type(None if ft.task.type in ("regression", "qa") else ["0", "1"])  # the label count barely matters
+  steps = experiment.build_steps(ft, head, mc, seq_len, num_steps=1000, devices=devices)
+  model_flops = flops.encoder_flops(mc, mc.discriminator, ft.train.batch_size, seq_len)
+  return (experiment.compile_targets(ft, head, steps, seq_len), model_flops, ft.train.batch_size * seq_len,
+          f"{ft.task.type} on the {what}, {mc.dtype}, sequence length {seq_len}")
+
+
+def _pretrain_targets(config, devices):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from electra_jax import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
+  from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
+  # Whole-word masking compiles the same program whichever pieces start words.
+  word_starts = np.ones(config.data.vocab_size, bool) if config.objective.whole_word_masking else None
+  exp = experiment.create(config, SpecialIds(), devices=devices, word_starts=word_starts)
+  return (experiment.compile_targets(exp), flops.step_flops(config), config.train.batch_size * config.data.seq_len,
+          f"{config.objective.name} pre-training, {config.model.dtype}, sequence length {config.data.seq_len}")
+
+
+def _targets(config, encoder, devices):
+  if "task" in config:
+    return _finetune_targets(config, encoder, devices)
+  if encoder:
+    raise ValueError("--encoder applies to fine-tuning configs; a pre-training config's model.* is its encoder")
+  return _pretrain_targets(config, devices)
+
+
+def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
+  """The one line for a train step that does not fit, with the largest batch that does (compiled to confirm)."""
+  n = len(devices)
+  accum = config.train.grad_accum_steps
+
+  def compile_at(rows):
+    trial = config.copy_and_resolve_references()
+    with trial.unlocked():
+      trial.train.batch_size = rows * n
+    targets = _targets(trial, None, devices)[0]
+    return aot.compile_step(*targets[0])
+
+  fit = aot.largest_fit(compile_at, too_large, config.train.batch_size // n, multiple=accum)
+  need = (f"{name}'s {too_large.name} needs {aot.gib(too_large.temp_bytes)} of temporaries per device at "
+          f"train.batch_size={config.train.batch_size} ({config.train.batch_size // n} rows per device) where a "
+          f"{slice_.name} device has {aot.gib(too_large.available_bytes)} of HBM left for them")
+  if fit is None:
+    return (f"{need}; not even {accum} row(s) per device fit: set model.remat=True, mesh.fsdp (shard the weights) "
+            "or a larger slice")
+  rows = config.train.batch_size // n
+  # The fewest micro-batches, each an equal share of every device's rows, that are no larger than what fits.
+  micro = next(k for k in range(accum, rows + 1) if rows % k == 0 and rows // k <= fit.rows_per_device)
+  return (f"{need}; the largest batch that fits is train.batch_size={fit.rows_per_device * n} ({fit.rows_per_device} "
+          f"rows per device, compiled: {aot.gib(fit.report.temp_bytes)} of temporaries), or keep the batch with "
+          f"train.grad_accum_steps={micro} or model.remat=True")
+
+
+def _row(r, model_flops, tokens, n, hbm, peak) -> dict:
+  row = dict(step=r.name, argument_bytes=r.argument_bytes, temp_bytes=r.temp_bytes, code_bytes=r.code_bytes,
+             peak_bytes=r.peak_bytes, hbm_bytes=hbm, xla_flops=r.flops * n, lower_s=r.lower_s, compile_s=r.compile_s,
+             est_step_s=r.seconds)
+  if r.name == "train step":
+    row["model_flops"] = model_flops
+    if r.seconds:
+      row.update(est_tokens_per_sec=tokens / r.seconds,
+                 est_mfu=model_flops / (r.seconds * n * peak) if peak else None)
+  return row
+
+
+def _print_table(rows):
+  cols = [("step", "step", "{}"), ("arguments", "argument_bytes", "gib"), ("temporaries", "temp_bytes", "gib"),
+          ("code", "code_bytes", "gib"), ("peak", "peak_bytes", "gib"), ("HBM", "hbm_bytes", "gib"),
+          ("XLA TFLOP", "xla_flops", "tflop"), ("model TFLOP", "model_flops", "tflop"),
+          ("est. step", "est_step_s", "{:.4f} s"), ("est. tokens/s", "est_tokens_per_sec", "{:,.0f}"),
+          ("est. MFU", "est_mfu", "{:.1%}"), ("lower", "lower_s", "{:.0f} s"), ("compile", "compile_s", "{:.0f} s")]
+
+  def cell(row, key, fmt):
+    v = row.get(key)
+    if v is None:
+      return "-"
+    if fmt == "gib":
+      return f"{v / 2**30:.2f} GiB"
+    if fmt == "tflop":
+      return f"{v / 1e12:.2f}"
+    return fmt.format(v)
+
+  table = [[title for title, _, _ in cols]] + [[cell(r, k, f) for _, k, f in cols] for r in rows]
+  widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+  for line in table:
+    print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+
+
+def main(config, tpu, num_slices, encoder):
+  import jax  # pylint: disable=g-import-not-at-top
+  from electra_jax import aot, flops, topology  # pylint: disable=g-import-not-at-top
+  slice_ = topology.parse(tpu, num_slices)
+  devices = slice_.devices()
+  n, kind = len(devices), devices[0].device_kind
+  name = config_flags.get_config_filename(flags.FLAGS["config"])
+  t0 = time.perf_counter()
+  targets, model_flops, tokens, what = _targets(config, encoder, devices)
+  print(f"{name} on {slice_.name}: {n} x {kind} on {slice_.num_hosts} host(s), "
+        f"{aot.gib(slice_.hbm_bytes_per_device)} HBM per device; {what}; batch {config.train.batch_size} "
+        f"(mesh data={config.mesh.data} fsdp={config.mesh.fsdp})", flush=True)
+  reports = []
+  for target in targets:
+    try:
+      reports.append(aot.compile_step(*target))
+    except aot.OutOfMemory as e:
+      if e.name != "train step":
+        raise ValueError(f"{name}'s {e.name} does not fit a {slice_.name} device: {e}") from None
+      raise ValueError(_fit_error(config, name, slice_, devices, e, aot)) from None
+  peak = flops.peak_flops(devices[0])
+  rows = [_row(r, model_flops, tokens, n, slice_.hbm_bytes_per_device, peak) for r in reports]
+  _print_table(rows)
+  train = rows[0]
+  result = dict(config=name, tpu=slice_.name, devices=n, device_kind=kind, hosts=slice_.num_hosts,
+                batch=config.train.batch_size, what=what, steps=rows, jax=jax.__version__,
+                libtpu=_libtpu_version(), total_s=time.perf_counter() - t0)
+  if train.get("est_step_s") and "task" not in config:
+    days = config.train.num_steps * train["est_step_s"] / 86400
+    result["est_days_to_num_steps"] = days
+    print(f"Estimates are the TPU cost model's, not measurements: train.num_steps={config.train.num_steps:,} would "
+          f"take ~{days:.2f} days ({days * 24:.1f} hours) of steps on {slice_.name}.")
+  print(json.dumps(result))
+
+
+def _libtpu_version():
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  return metadata.version("libtpu")
+
+
+def run():
+  cli.run("electra-compile", __doc__, main, define_flags(), required=["config", "tpu"], needs=["libtpu"])
+
+
+if __name__ == "__main__":
+  run()

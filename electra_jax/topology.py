@@ -1,0 +1,121 @@
+"""Cloud TPU slices as the TPU compiler sees them, from any host: an accelerator type (gcloud's names: v3-8, v4-32,
+v5litepod-16 alias v5e-16, v5p-8, v6e-8) and a slice count become the slice's devices
+(jax.experimental.topologies, through libtpu: the `tpu` extra), with each device's HBM (flops.py has their peaks).
+
+No TPU is needed: the devices are descriptions a program can be compiled for, never run on.
+"""
+import dataclasses
+import math
+import os
+import re
+
+from electra_jax import packages
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  devices_per_chip: int  # JAX devices a chip shows (v2/v3: one per core; megacore and single-core chips: one)
+  cores_in_name: bool  # the type's number counts TensorCores (v2-v5p), else chips (v5e, v6e)
+  dims: int  # torus dimensions
+  hbm_gib: float  # per chip
+  chip_config: str  # libtpu's name for how a chip's cores show up
+  host_chips: int  # chips per host in a multi-host slice
+  single_host_chips: int  # the most chips one host holds (v5e/v6e: up to 8 chips sit on one host)
+
+
+GENERATIONS = {
+    "v2": Generation(2, True, 2, 16, "default", 4, 4),
+    "v3": Generation(2, True, 2, 32, "default", 4, 4),
+    "v4": Generation(1, True, 3, 32, "megacore", 4, 4),
+    "v5e": Generation(1, False, 2, 16, "default", 4, 8),
+    "v5p": Generation(1, True, 3, 95, "megacore", 4, 4),
+    "v6e": Generation(1, False, 2, 32, "default", 4, 8),
+}
+ALIASES = {"v5litepod": "v5e"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  """One accelerator type, times num_slices."""
+  accelerator_type: str  # as given, normalised: v5e-16 (gcloud: v5litepod-16)
+  generation: str
+  chips: int  # per slice
+  num_slices: int
+  shape: tuple[int, ...]  # the chips' torus
+  host_bounds: tuple[int, int, int]  # chips per host, as x, y, z
+
+  @property
+  def spec(self) -> Generation:
+    return GENERATIONS[self.generation]
+
+  @property
+  def num_devices(self) -> int:
+    return self.chips * self.spec.devices_per_chip * self.num_slices
+
+  @property
+  def num_hosts(self) -> int:
+    return max(1, self.chips // math.prod(self.host_bounds)) * self.num_slices
+
+  @property
+  def hbm_bytes_per_device(self) -> int:
+    return int(self.spec.hbm_gib * 2**30) // self.spec.devices_per_chip
+
+  @property
+  def name(self) -> str:
+    return self.accelerator_type if self.num_slices == 1 else f"{self.num_slices} x {self.accelerator_type}"
+
+  def devices(self) -> list:
+    """The slice's (or slices') devices, from libtpu's topology description."""
+    packages.require("libtpu", f"compiling for a {self.name} TPU slice")
+    # libtpu reads the type and the hosts on a TPU VM (elsewhere it logs errors without them), and takes a lock file
+    # that would keep two compiling processes (a test run's workers) from describing topologies at once.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "2")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    try:
+      desc = topologies.get_topology_desc(
+          platform="tpu", topology_name=f"{self.generation}:{'x'.join(map(str, self.shape))}",
+          chip_config_name=self.spec.chip_config, chips_per_host_bounds=self.host_bounds, num_slices=self.num_slices)
+    except Exception as e:  # pylint: disable=broad-except  (libtpu's errors have no common type)
+      raise ValueError(f"cannot describe a {self.name} TPU slice: {' '.join(str(e).split())[:300]}") from None
+    return list(desc.devices)
+
+
+def _torus(chips: int, dims: int) -> tuple[int, ...]:
+  """The chips' shape: 2-D slices as near-square as powers of two go (8 -> 2x4, 32 -> 4x8), 3-D ones from 2x2x1 by
+  doubling z, then y, then x (16 -> 2x2x4, 64 -> 4x4x4), as Cloud TPU lays them out."""
+  if dims == 2:
+    a = 2 ** (int(math.log2(chips)) // 2)
+    return (a, chips // a)
+  shape = [min(chips, 2), min(max(chips // 2, 1), 2), 1]
+  axis = 2
+  while math.prod(shape) < chips:
+    shape[axis] *= 2
+    axis = (axis - 1) % 3
+  return tuple(shape)
+
+
+def parse(accelerator_type: str, num_slices: int = 1) -> Slice:
+  """An accelerator type as gcloud names it (v3-8, v4-32, v5litepod-16 or v5e-16, v5p-8, v6e-8)."""
+  match = re.fullmatch(r"(v\d[a-z]*)-(\d+)", accelerator_type.strip().lower())
+  generation = match and ALIASES.get(match.group(1), match.group(1))
+  if not match or generation not in GENERATIONS:
+    raise ValueError(f"unknown TPU accelerator type {accelerator_type!r}: expected GENERATION-SIZE with GENERATION one "
+                     f"of {', '.join(GENERATIONS)} (or v5litepod), e.g. v3-8, v4-32, v5e-16")
+  spec = GENERATIONS[generation]
+  size = int(match.group(2))
+  chips = size // 2 if spec.cores_in_name else size
+  if chips < 1 or chips & (chips - 1) or (spec.cores_in_name and size % 2):
+    raise ValueError(f"TPU accelerator type {accelerator_type!r}: the size must be a power of two"
+                     f"{' cores (two a chip)' if spec.cores_in_name else ' chips'}")
+  if num_slices < 1:
+    raise ValueError(f"--num_slices={num_slices} must be at least 1")
+  shape = _torus(chips, spec.dims)
+  if chips <= spec.single_host_chips:
+    host = tuple(shape) + (1,) * (3 - len(shape))
+  else:
+    host = (2, 2, 1)
+  name = f"{generation}-{size}"
+  return Slice(name, generation, chips, num_slices, shape, host)

@@ -1,0 +1,85 @@
+"""electra-compile with XLA's real TPU compiler (libtpu, the tpu extra) on this CPU-only machine: the commands' own
+steps compile for single- and multi-host slices, a batch too large for HBM ends in one line naming one that fits
+(which then compiles), and XLA's FLOPs stand beside flops.py's."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from electra_jax import topology
+from tests import helpers
+
+ROOT = helpers.ROOT
+TINY_ENCODER = ["--config.model.num_layers=1", "--config.model.hidden_size=64", "--config.model.num_heads=2",
+                "--config.model.intermediate_size=128", "--config.model.embedding_size=32"]
+
+
+def compile_command(*flags, check=True) -> subprocess.CompletedProcess:
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "TPU_"))}  # as a user's shell has it
+  result = subprocess.run([sys.executable, "-m", "electra_jax.compile", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def report(result) -> dict:
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("tpu, devices, hosts", [("v2-8", 8, 1), ("v3-32", 32, 4), ("v4-32", 16, 4), ("v5e-8", 8, 1),
+                                                 ("v5e-16", 16, 4), ("v5p-8", 4, 1), ("v6e-256", 256, 64)])
+def test_accelerator_types_describe_their_slices(tpu, devices, hosts):
+  s = topology.parse(tpu)
+  assert (s.num_devices, s.num_hosts) == (devices, hosts)
+  assert len(s.devices()) == devices
+  assert topology.parse("v5litepod-16") == topology.parse("v5e-16")
+
+
+@pytest.mark.slow
+def test_pretraining_steps_compile_for_a_v3_8_with_xla_flops_beside_the_model_count():
+  """Both steps the loop runs compile and fit; XLA counts more FLOPs than flops.py (which counts the matmuls only),
+  and the difference is what flops.py leaves out: elementwise work (GELU, layer norms, softmax, dropout, sampling)
+  and the optimiser's update, a large share at this width (1.32 vs 1.15 TFLOP per step for Small)."""
+  result = report(compile_command("--config=configs/tiny.py", "--tpu=v3-8"))
+  train, evaluate = result["steps"]
+  assert (train["step"], evaluate["step"]) == ("train step", "eval step")
+  assert result["devices"] == 8 and result["device_kind"] == "TPU v3"
+  for step in (train, evaluate):
+    assert 0 < step["argument_bytes"] and 0 < step["peak_bytes"] < step["hbm_bytes"] == 16 * 2**30
+  assert train["model_flops"] < train["xla_flops"] < 2 * train["model_flops"]
+  assert 0 < train["est_step_s"] and 0 < train["est_mfu"] < 1 and train["est_tokens_per_sec"] > 0
+  assert result["est_days_to_num_steps"] > 0
+
+
+@pytest.mark.slow
+def test_pretraining_compiles_for_a_multi_host_slice_with_fsdp():
+  result = report(compile_command("--config=configs/tiny.py", "--tpu=v4-32", "--config.train.batch_size=32",
+                                  "--config.mesh.fsdp=2"))
+  assert (result["devices"], result["hosts"]) == (16, 4)
+  assert [s["step"] for s in result["steps"]] == ["train step", "eval step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tpu", ["v3-8", "v3-32"])
+def test_finetuning_steps_compile_for_single_and_multi_host_slices(tpu):
+  result = report(compile_command("--config=configs/finetune/classify.py", f"--tpu={tpu}", "--config.seq_len=64",
+                                  *TINY_ENCODER))
+  assert [s["step"] for s in result["steps"]] == ["train step", "predict step"]
+  assert "classification" in result["what"] and "vocabulary 30522" in result["what"]
+
+
+@pytest.mark.slow
+def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
+  # Sixty-four heads over 512 tokens: attention's probabilities make each row large, so few rows fill a v2 core.
+  flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=512", "--config.model.num_heads=64"]
+  failed = compile_command(*flags, "--config.train.batch_size=2048", check=False)
+  helpers.assert_one_line_error(failed, "electra-compile: error: configs/tiny.py's train step needs ")
+  line = failed.stderr.strip().splitlines()[-1]
+  assert "at train.batch_size=2048 (256 rows per device) where a v2-8 device has 7.48 GiB" in line
+  suggested = int(line.split("the largest batch that fits is train.batch_size=")[1].split()[0])
+  assert 8 <= suggested < 2048 and suggested % 8 == 0
+  fits = report(compile_command(*flags, f"--config.train.batch_size={suggested}"))
+  assert fits["steps"][0]["temp_bytes"] < 7.48 * 2**30
