@@ -37,6 +37,10 @@ Flags (environment variable in brackets):
   --config FILE      config file, relative to the repository [ELECTRA_CONFIG; default configs/small.py]
   --workdir gs://..  training directory, required by train [ELECTRA_WORKDIR]
   --worker N         worker for logs and ssh (ssh also takes all) [default 0]
+  --skip-compile-check
+                     create and train first compile the config's steps for --type on this machine
+                     (electra-compile, the tpu extra): a batch that does not fit fails here, before
+                     a slice is booked; this skips that [ELECTRA_COMPILE_CHECK=0]
   --watch            train: keep the run alive across preemptions
   --interval SECS    train --watch: seconds between checks [ELECTRA_WATCH_INTERVAL; default 300]
   -n, --dry-run      print each command instead of running it
@@ -51,6 +55,7 @@ TYPE=${ELECTRA_TPU_TYPE:-v3-8}
 VERSION=${ELECTRA_TPU_VERSION:-}
 PROVISIONING=${ELECTRA_TPU_PROVISIONING:-standard}
 INTERVAL=${ELECTRA_WATCH_INTERVAL:-300}
+COMPILE_CHECK=${ELECTRA_COMPILE_CHECK:-1}
 WORKER=""
 WATCH=0
 COMMAND=""
@@ -81,6 +86,7 @@ while (($#)); do
     --preemptible) PROVISIONING=preemptible; shift ;;
     --worker) need_value "$@"; WORKER=$2; shift 2 ;;
     --watch) WATCH=1; shift ;;
+    --skip-compile-check) COMPILE_CHECK=0; shift ;;
     --interval) need_value "$@"; INTERVAL=$2; shift 2 ;;
     -*) parse_common_flag "$@"; shift "$CONSUMED" ;;
     *) die "unknown subcommand: $1 (expected create, setup, train, logs, ssh, stop or delete)" ;;
@@ -135,6 +141,21 @@ if [[ $COMMAND == train ]]; then
     fi
   done
 fi
+
+# Compiles the config's steps for $TYPE here, from shapes alone (electra-compile): a config that does not fit the
+# slice ends in one line naming the batch that does, before a VM is created or training starts. gs:// overrides are
+# left out: the compiler reads no data.
+compile_check() {
+  ((COMPILE_CHECK)) || return 0
+  local overrides=() arg
+  for arg in "${EXTRA[@]}"; do
+    [[ $arg != --config.* || $arg == *=gs://* ]] || overrides+=("$arg")
+  done
+  ((DRY_RUN)) || require_command electra-compile \
+    "install electra_jax with the tpu extra here (pip install -e '.[tpu]'), or pass --skip-compile-check"
+  run_cmd electra-compile --config="$REPO/$CONFIG" --tpu="$TYPE" "${overrides[@]}" ||
+    die "the compile check failed (above); fix the config or pass --skip-compile-check"
+}
 
 # gcloud compute tpus tpu-vm VERB ARGS..., always with the zone and project.
 tpu() {
@@ -241,9 +262,10 @@ watch_preemptions() {
 }
 
 case $COMMAND in
-  create) create ;;
+  create) compile_check && create ;;
   setup) setup ;;
   train)
+    compile_check
     train
     ((!WATCH)) || watch_preemptions ;;
   logs) tpu ssh "$NAME" --worker="$WORKER" --command='tail -n 100 -F '"$LOG" ;;

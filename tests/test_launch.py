@@ -50,6 +50,14 @@ if os.environ.get("FAKE_PRETRAIN_SLEEP"):
   time.sleep(float(os.environ["FAKE_PRETRAIN_SLEEP"]))
 """
 
+# Stands in for electra-compile (tests/test_compile.py runs the real one): records its argv; FAKE_COMPILE_EXIT fails it.
+FAKE_COMPILE = """#!{python}
+import os, sys
+with open(os.environ["FAKE_COMPILE_LOG"], "a") as f:
+  f.write(" ".join(sys.argv[1:]) + "\\n")
+sys.exit(int(os.environ.get("FAKE_COMPILE_EXIT", "0")))
+"""
+
 
 def _write_executable(path, text):
   path.write_text(text)
@@ -69,13 +77,16 @@ class Launcher:
     self.pretrain_out = tmp_path / "pretrain.json"
     _write_executable(self.bin / "gcloud", FAKE_GCLOUD.format(python=sys.executable, prefix=TPU_VM_PREFIX))
     _write_executable(self.bin / "electra-pretrain", FAKE_PRETRAIN.format(python=sys.executable))
+    self.compile_log = tmp_path / "compile.txt"
+    _write_executable(self.bin / "electra-compile", FAKE_COMPILE.format(python=sys.executable))
     # The python beside electra-pretrain, as pip installs them: gpu.sh asks its jaxlib which XLA flags it accepts.
     _write_executable(self.bin / "python", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     self.env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("ELECTRA_", "JAX_", "XLA_", "CUDA_VISIBLE"))}
     self.env.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", FAKE_GCLOUD_LOG=str(self.log),
                     FAKE_GCLOUD_SCRIPT=str(self.script), FAKE_PRETRAIN_OUT=str(self.pretrain_out),
-                    TMPDIR=str(tmp_path))
+                    FAKE_COMPILE_LOG=str(self.compile_log), TMPDIR=str(tmp_path),
+                    ELECTRA_COMPILE_CHECK="0")  # tests/test_compile.py runs the real check; one test here turns it on
 
   def answers(self, **script):
     self.script.write_text(json.dumps({"project": ["fake-project"], **script}))
@@ -298,6 +309,25 @@ def test_dry_run_prints_exactly_what_a_real_run_does(launcher, path_without_gclo
   assert not list(launcher.tmp.glob("*.tar.gz"))  # dry-run runs nothing, git archive included
   launcher.ok(TPU_VM, command, "--project=p", *rest)
   assert [["gcloud"] + c for c in launcher.calls()] == printed
+
+
+def test_create_and_train_compile_the_config_for_the_slice_first(launcher):
+  """The compile check runs on the launching machine with the config, the type and the non-gs:// overrides, before
+  gcloud creates anything; a failing check stops the launch; --skip-compile-check skips it."""
+  dry = launcher.ok(TPU_VM, "train", "--project=p", "--dry-run", "--type=v3-32", "--workdir=gs://b/run", "--",
+                    "--config.train.batch_size=64", "--config.data.data_dir=gs://b/data", ELECTRA_COMPILE_CHECK="1")
+  first = _printed_commands(dry.stdout)[0]
+  assert first == ["electra-compile", f"--config={ROOT}/configs/small.py", "--tpu=v3-32",
+                   "--config.train.batch_size=64"]
+  launcher.ok(TPU_VM, "create", "--project=p", "--type=v4-8", ELECTRA_COMPILE_CHECK="1")
+  assert launcher.compile_log.read_text() == f"--config={ROOT}/configs/small.py --tpu=v4-8\n"
+  assert [c[3] for c in launcher.calls() if c[:3] == TPU_VM_PREFIX] == ["create"]
+  failed = launcher.run(TPU_VM, "create", "--project=p", "--name=other", ELECTRA_COMPILE_CHECK="1",
+                        FAKE_COMPILE_EXIT="1")
+  assert failed.returncode != 0 and "compile check failed" in failed.stderr
+  assert [c[4] for c in launcher.calls() if c[:4] == TPU_VM_PREFIX + ["create"]] == ["electra"]  # not "other"
+  launcher.ok(TPU_VM, "create", "--project=p", "--skip-compile-check", "--name=third", ELECTRA_COMPILE_CHECK="1")
+  assert len(launcher.compile_log.read_text().splitlines()) == 2
 
 
 def test_dry_run_needs_no_gcloud(launcher, path_without_gcloud):
