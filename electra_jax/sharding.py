@@ -21,11 +21,21 @@ MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
 
 
+def use_compilation_cache():
+  """Keeps compiled steps on disk, so a restarted run (after a preemption, a resume, a second phase) loads them
+  instead of compiling again: in JAX_COMPILATION_CACHE_DIR when set (gs:// too: one cache for every host of a pod and
+  every restart), else ~/.cache/electra_jax/xla (XDG_CACHE_HOME)."""
+  if not jax.config.jax_compilation_cache_dir:
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
+
+
 def initialize_runtime():
-  """Sets up storage (gs://, an emulator), joins the other processes of a multi-host run (explicitly from
-  launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing) and picks the random-bit
-  generator. Call before anything touches the devices."""
+  """Sets up storage (gs://, an emulator), the compilation cache, joins the other processes of a multi-host run
+  (explicitly from launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing) and picks
+  the random-bit generator. Call before anything touches the devices."""
   storage.initialize()
+  use_compilation_cache()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
                                int(os.environ["JAX_PROCESS_ID"]))

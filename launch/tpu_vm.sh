@@ -193,15 +193,18 @@ echo "electra_jax '"${sha:0:12}"' installed on $(hostname)"'
 }
 
 # setsid + nohup detach the trainer from the ssh session; its pid is kept to stop it, the log is appended across runs.
+# A gs:// workdir also holds the compilation cache, so every worker and every restart after a preemption loads the
+# compiled steps instead of compiling them again.
 train() {
-  local args
+  local args cache=""
   args=$(shell_join --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA[@]}")
+  [[ $WORKDIR != gs://* ]] || cache="JAX_COMPILATION_CACHE_DIR=$(shell_join "${WORKDIR%/}/xla_cache") "
   tpu ssh "$NAME" --worker=all --command='set -eu
 mkdir -p "$HOME/electra_logs"
 cd "$HOME/electra_jax"
 '"$REFUSE_IF_RUNNING"'
 echo "== $(date -u +%FT%TZ) electra-pretrain" '"$args"' >> '"$LOG"'
-nohup setsid "$HOME/electra_venv/bin/electra-pretrain" '"$args"' >> '"$LOG"' 2>&1 < /dev/null &
+'"$cache"'nohup setsid "$HOME/electra_venv/bin/electra-pretrain" '"$args"' >> '"$LOG"' 2>&1 < /dev/null &
 echo $! > '"$PIDFILE"'
 echo "electra-pretrain started on $(hostname), log: ~/electra_logs/train.log"'
 }

@@ -229,8 +229,8 @@ def test_train_starts_pretraining_on_all_workers(launcher):
   [ssh] = launcher.tpu_calls()
   assert ssh[:2] == ["ssh", "electra"] and "--worker=all" in ssh
   command = _remote_command(ssh)
-  assert ('nohup setsid "$HOME/electra_venv/bin/electra-pretrain" --config=configs/base.py --workdir=gs://b/run '
-          '--config.train.num_steps=100 --config.data.data_dir=gs://b/data >> "$HOME/electra_logs/train.log" 2>&1 '
+  assert ('JAX_COMPILATION_CACHE_DIR=gs://b/run/xla_cache nohup setsid "$HOME/electra_venv/bin/electra-pretrain" '
+          '--config=configs/base.py --workdir=gs://b/run --config.train.num_steps=100 --config.data.data_dir=gs://b/data >> "$HOME/electra_logs/train.log" 2>&1 '
           '< /dev/null &') in command
 
 
@@ -258,6 +258,7 @@ def test_remote_train_and_stop_commands_work_in_a_shell(launcher, tmp_path):
       time.sleep(0.1)
     recorded = json.loads(launcher.pretrain_out.read_text())
     assert recorded["argv"] == ["--config=configs/small.py", "--workdir=gs://b/run", override]
+    assert recorded["env"]["JAX_COMPILATION_CACHE_DIR"] == "gs://b/run/xla_cache"  # shared by workers and restarts
     assert os.getpgid(pid) == pid  # its own session, so the ssh hang-up does not reach it
     again = remote(train)  # a second trainer on the same worker is refused
     assert again.returncode == 1 and "run stop first" in again.stderr
