@@ -101,6 +101,15 @@ class Checkpointer:
   def latest_step(self):
     return self._manager.latest_step()
 
+  def newest_complete(self) -> str:
+    """The newest complete checkpoint in words, as storage has it now (a save in flight is not one)."""
+    try:
+      steps = ocp.path.step.checkpoint_steps(self.directory)
+    except (OSError, ValueError):  # no checkpoints/ yet
+      steps = []
+    return (f"the newest complete checkpoint is step {max(steps)} under {self.directory}" if steps else
+            f"no checkpoint was complete yet under {self.directory}")
+
   def should_save(self, step: int) -> bool:
     """Whether `save(step, ...)` would save: the interval is due, or the hosts reached a preemption sync point."""
     return self._manager.should_save(step)

@@ -12,7 +12,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, goodput, preemption
+from electra_jax import checkpoints, goodput, peers, preemption
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
@@ -81,15 +81,17 @@ class Body(Protocol):
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
         log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
         writer: metrics_lib.Writer, clock: goodput.Clock, closers: Sequence[Callable[[], object]],
-        done: Callable[[], bool] = lambda: False, profile_steps: int = 0) -> tuple[TrainState, bool]:
+        done: Callable[[], bool] = lambda: False, profile_steps: int = 0,
+        peer_timeout_s: float = 0) -> tuple[TrainState, bool]:
   """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss and grad_norm)`) to `num_steps`:
   logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never a non-finite state,
   nor over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when
   SIGTERM/SIGINT stops the run. Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
   step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
   end; traces `profile_steps` steps after the first (compiling) one into the workdir's tensorboard/ for TensorBoard's
-  profile plugin. Closes the bar, `closers`, the checkpointer and the writer however it ends. Returns (state, whether
-  a signal stopped it)."""
+  profile plugin. With several processes, ends this one in one line once another has given no sign of life for
+  `peer_timeout_s` (peers.py; 0: never). Closes the bar, `closers`, the checkpointer and the writer however it ends.
+  Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
@@ -106,7 +108,9 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
       goodput.report(os.path.dirname(ckpt.directory), split, desc)
 
   clock.started(resumed=ckpt.restored_step is not None)
-  with preemption.Watcher() as watcher:
+  watchdog = peers.Watchdog(peer_timeout_s, lock.record["command"], ckpt.newest_complete,
+                            on_lost=lambda: close_all((bar.close, lock.__exit__)))
+  with watchdog, preemption.Watcher() as watcher:
     try:
       for step in range(first, num_steps + 1) if not done() else ():
         profile.before(step)

@@ -24,6 +24,7 @@ from electra_jax import storage
 # another run, which resuming would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
+                  "train.peer_timeout_s",
                   "mesh.", "model.remat",
                   "train.grad_accum_steps", "data.data_dir", "data.num_workers", "overwrite")
 

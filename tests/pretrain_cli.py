@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -42,6 +43,21 @@ def run(environ, config, workdir, *flags, wrapper=()) -> subprocess.CompletedPro
   """Runs to the end (`timeout -k`: a hung run is killed), under `wrapper` (a command prefix) if given."""
   command = [*wrapper, "timeout", "-k", "10", "420", *cmd(config, workdir, *flags)]
   return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, check=False)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_processes(environ, config, workdir, *flags, processes: int = 2, devices: int = 4) -> list[subprocess.Popen]:
+  """Starts a job of `processes` x `devices` CPU devices (jax.distributed over a loopback coordinator), each
+  process as `start` does."""
+  coordinator = f"127.0.0.1:{free_port()}"
+  return [start(dict(environ, XLA_FLAGS=xla_flags(devices), JAX_COORDINATOR_ADDRESS=coordinator,
+                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)), config, workdir, *flags)
+          for i in range(processes)]
 
 
 def start(environ, config, workdir, *flags) -> subprocess.Popen:

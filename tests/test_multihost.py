@@ -5,7 +5,6 @@ ones split every parameter across both processes (fsdp=8), so the best model and
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -26,12 +25,6 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 PRETRAIN = dict(num_steps=6, log_every=3, eval_every=6, checkpoint_every=6)
 
 
@@ -49,7 +42,7 @@ def _env(devices, **extra):
 
 def _two_processes(cmd, tmp_path, **env):
   """Runs `cmd` as processes 0 and 1 of a 2 x 4-device job; asserts both exit 0."""
-  coordinator = f"127.0.0.1:{_free_port()}"
+  coordinator = f"127.0.0.1:{pretrain_cli.free_port()}"
   procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(4, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=i,
                                      ELECTRA_JAX_CACHE=tmp_path / f"cache{i}", **env))

@@ -83,6 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_every=0,
       checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)
       keep_checkpoints=1,
+      peer_timeout_s=pretrain.train.peer_timeout_s,  # as pre-training's: a lost process ends the run in one line
       profile_steps=0,  # as pre-training's: a jax.profiler trace of this many steps into <workdir>/tensorboard
       # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
       # clipping) are pre-training's.

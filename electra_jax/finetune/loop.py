@@ -50,7 +50,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
                               log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
                               writer=writer, clock=clock, closers=(), done=tuning.converged,
-                              profile_steps=ft.train.profile_steps)
+                              profile_steps=ft.train.profile_steps, peer_timeout_s=ft.train.peer_timeout_s)
     return None if stopped else _results(setup, progress, tuning.seconds(), workdir)
 
 

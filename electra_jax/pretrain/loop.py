@@ -55,7 +55,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lo
   state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=num_steps,
                           log_every=config.train.log_every, eval_every=config.train.eval_every, ckpt=ckpt, lock=lock,
                           writer=writer, clock=clock, closers=(train_iter.close,),
-                          profile_steps=config.train.profile_steps)
+                          profile_steps=config.train.profile_steps, peer_timeout_s=config.train.peer_timeout_s)
   return state
 
 

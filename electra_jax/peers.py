@@ -1,0 +1,102 @@
+"""A multi-process run ends, rather than hangs, when one of its processes dies (kill -9, a crash, a lost VM) or stalls
+(SIGSTOP, a frozen VM). The survivors would otherwise wait in a collective until JAX's coordination service gives up
+(minutes, with a crash dump) or forever.
+
+Each process's thread writes a heartbeat to the coordination service's key-value store every PERIOD_S and reads
+everyone's. A process whose heartbeat has not changed for `timeout_s` is lost: the watcher prints one line naming it
+and the newest complete checkpoint, and ends its own process with exit status 1 (its main thread may be blocked in a
+collective that never returns, so no exception could reach it). The thread runs beside compiles, saves and
+evaluations, which release the GIL, so a long step never looks like a lost process; a process that ends its loop
+normally says so, and is no longer watched. A collective that fails outright (gloo's connection to a killed peer is
+reset) is held back for `timeout_s`, so that a lost peer still ends the run in the one line. The coordination service
+lives in process 0: once it stops answering for `timeout_s`, process 0 is the one lost.
+"""
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+import jax
+from absl import logging
+from jax._src import distributed  # the coordination service's client: no public API has its key-value store
+
+PERIOD_S = 1.0
+PREFIX = "electra_jax/heartbeat/"
+DONE = "done"
+
+
+class Watchdog:
+  """Use as a context manager around a multi-process loop; `lost(message)` runs, then the process exits 1."""
+
+  def __init__(self, timeout_s: float, command: str, saved: Callable[[], str], on_lost: Callable[[], object]):
+    """saved(): the newest complete checkpoint, in words. on_lost(): what to release before exiting (the lock)."""
+    self.timeout_s, self.command, self._saved, self._on_lost = timeout_s, command, saved, on_lost
+    self._stop = threading.Event()
+
+  def __enter__(self):
+    if jax.process_count() > 1 and self.timeout_s > 0:
+      self._client = distributed.global_state.client
+      self._answered = time.monotonic()  # when the service last answered
+      self._beats = {}
+      # Two threads: a call to a stalled service may never return, and the judge must still see the silence.
+      for target, name in ((self._publish, "peer-heartbeat"), (self._judge, "peer-watchdog")):
+        threading.Thread(target=target, name=name, daemon=True).start()
+    return self
+
+  def __exit__(self, exc_type, *exc):
+    if not hasattr(self, "_client"):
+      return
+    if exc_type is not None and issubclass(exc_type, jax.errors.JaxRuntimeError):
+      # A collective failed (gloo's "Connection reset by peer" when a peer died): if a peer is lost, the judge ends
+      # the process with its line within timeout_s; otherwise the error is this process's own.
+      time.sleep(self.timeout_s + 3 * PERIOD_S)
+    self._stop.set()
+    if exc_type is None:  # finished: its silence from now on is no loss (a process that raised may hang the others)
+      try:
+        self._client.key_value_set(_key(jax.process_index()), DONE, allow_overwrite=True)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("Could not tell the other processes that this one finished: %s", e)
+
+  def _publish(self):
+    """Writes this process's heartbeat and reads everyone's, every PERIOD_S."""
+    beat, key = 0, _key(jax.process_index())
+    while not self._stop.wait(PERIOD_S):
+      beat += 1
+      try:
+        self._client.key_value_set(key, str(beat), allow_overwrite=True)
+        self._beats = dict(self._client.key_value_dir_get(PREFIX))
+        self._answered = time.monotonic()
+      except Exception:  # pylint: disable=broad-except  (the service, in process 0, is gone: the judge sees it)
+        pass
+
+  def _judge(self):
+    """Ends the process once another's heartbeat, or the service, has been silent for timeout_s."""
+    me = jax.process_index()
+    seen = {p: (None, time.monotonic()) for p in range(jax.process_count()) if p != me}  # last beat, since when
+    while not self._stop.wait(PERIOD_S):
+      now, beats = time.monotonic(), self._beats
+      if now - self._answered > self.timeout_s:
+        self._lost(0, now - self._answered)
+      for p, (last, since) in seen.items():
+        beat = beats.get(_key(p))
+        if beat != last:
+          seen[p] = (beat, now)
+        elif beat != DONE and now - since > self.timeout_s:
+          self._lost(p, now - since)
+
+  def _lost(self, process: int, silent_s: float):
+    message = (f"process {process} of {jax.process_count()} stopped responding (no heartbeat for {silent_s:.0f} s, "
+               f"train.peer_timeout_s={self.timeout_s:g}: it died, was lost or stalled); {self._saved()}: run every "
+               "process again to resume from it")
+    try:
+      self._on_lost()
+    except Exception as e:  # pylint: disable=broad-except  (the line and the exit matter more)
+      logging.warning("Releasing before exit failed: %s", e)
+    sys.stderr.write(f"{self.command}: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access  (the main thread may never return from its collective)
+
+
+def _key(process: int) -> str:
+  return f"{PREFIX}{process}"

@@ -1,0 +1,99 @@
+"""A pod's faults, on two pre-training processes x 4 CPU devices (jax.distributed on loopback): one process killed -9
+or stopped (SIGSTOP: a stalled host) mid-run ends the other within train.peer_timeout_s in one line, exit 1, and the
+rerun of both resumes to the straight run's parameters bit for bit; SIGTERM to one of them stops both at the same
+step, saved, exit 0."""
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from tests import pretrain_cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+TIMEOUT_S = 8
+FLAGS = (f"--config.train.num_steps={STEPS}", "--config.train.log_every=1", "--config.train.checkpoint_every=2",
+         f"--config.train.eval_every={STEPS}", f"--config.train.peer_timeout_s={TIMEOUT_S}")
+
+
+def _wait(procs, timeout=300) -> list[int]:
+  try:
+    return [p.wait(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+
+
+def _run_to_end(config, workdir):
+  procs = pretrain_cli.start_processes(pretrain_cli.env(), config, str(workdir), *FLAGS)
+  assert _wait(procs) == [0, 0], pretrain_cli.log(procs[0])[-3000:] + pretrain_cli.log(procs[1])[-3000:]
+
+
+def _started(config, workdir, logged=3):
+  """Both processes, once process 0 has logged step `logged` (so a checkpoint is complete)."""
+  procs = pretrain_cli.start_processes(pretrain_cli.env(), config, str(workdir), *FLAGS)
+  deadline = time.time() + 300
+  while max(pretrain_cli.logged_steps(str(workdir)), default=0) < logged:
+    assert time.time() < deadline and all(p.poll() is None for p in procs), pretrain_cli.log(procs[0])[-3000:]
+    time.sleep(0.05)
+  return procs
+
+
+def _final(workdir) -> tuple[dict, list]:
+  arrays = pretrain_cli.saved_arrays(os.path.join(workdir, "checkpoints", str(STEPS)))
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  timing = ("tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")
+  return ({n: a.read().result() for n, a in arrays.items()},
+          [{k: v for k, v in r.items() if k not in timing} for r in rows if "goodput" not in r])
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_data, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("pod") / "straight"
+  _run_to_end(tiny_data[0], workdir)
+  return _final(workdir)
+
+
+def _assert_resumes_exactly(config, workdir, straight):
+  _run_to_end(config, workdir)
+  arrays, rows = _final(workdir)
+  assert rows == straight[1]
+  assert arrays.keys() == straight[0].keys()
+  for name, value in arrays.items():
+    np.testing.assert_array_equal(value, straight[0][name], err_msg=name)
+
+
+@pytest.mark.parametrize("fault,victim", [(signal.SIGKILL, 1), (signal.SIGSTOP, 0)], ids=["kill_9", "sigstop"])
+def test_a_lost_process_ends_the_other_in_one_line(tiny_data, tmp_path, straight, fault, victim):
+  config, workdir = tiny_data[0], tmp_path / "run"
+  procs = _started(config, workdir)
+  os.kill(procs[victim].pid, fault)
+  t0 = time.time()
+  survivor = procs[1 - victim]
+  code = _wait([survivor], timeout=120)[0]
+  took = time.time() - t0
+  last = pretrain_cli.log(survivor).strip().splitlines()[-1]
+  print(f"{fault.name} to process {victim}: the other exited {code} after {took:.1f} s: {last}")
+  procs[victim].kill()
+  procs[victim].wait()
+  assert code == 1 and took < TIMEOUT_S + 20, last
+  assert last.startswith(f"electra-pretrain: error: process {victim} of 2 stopped responding (no heartbeat for "), last
+  assert re.search(r"; (the newest complete checkpoint is step [2468] under|no checkpoint was complete yet under) "
+                   f"{workdir}/checkpoints: run every process again to resume from it$", last), last
+  _assert_resumes_exactly(config, workdir, straight)
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tiny_data, tmp_path, straight):
+  config, workdir = tiny_data[0], tmp_path / "run"
+  procs = _started(config, workdir)
+  procs[1].send_signal(signal.SIGTERM)
+  assert _wait(procs) == [0, 0], pretrain_cli.log(procs[0])[-3000:]
+  stopped = [[l for l in pretrain_cli.log(p).splitlines() if "Stopped by" in l] for p in procs]
+  steps = [int(s[-1].split(" after step ")[1].split(",")[0]) for s in stopped]
+  assert steps[0] == steps[1] < STEPS and str(steps[0]) in pretrain_cli.checkpoint_dirs(str(workdir)), stopped
+  _assert_resumes_exactly(config, workdir, straight)
