@@ -12,6 +12,7 @@ Local testing against an emulator: set STORAGE_EMULATOR_HOST (`host:port` or `ht
 called by every entry point before any file is touched, points each library on the path at it (see docs/launch.md).
 """
 import contextlib
+import errno
 import glob as glob_lib
 import os
 import re
@@ -154,12 +155,30 @@ def refuse_overlap(output, inputs: Iterable[tuple[str, str]], name: str = "outpu
                        "apart from what it reads")
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
+
+
+def no_space(e: Exception) -> bool:
+  """Whether `e` is a write that ran out of space. Some writers (ArrayRecord, safetensors) report the OS error in
+  their words only; TFDS may re-raise an OSError without its errno."""
+  return getattr(e, "errno", None) in NO_SPACE or any(os.strerror(n) in str(e) for n in NO_SPACE)
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2**20:.1f} MiB"
+
+
+def _bytes_under(directory: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(directory) for f in files)
+
+
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
   """Yields a new local directory to write `out`'s files into; when the block ends without error they replace
   `out`. Local `out`: the directory is beside it and renamed into place (atomic; an old `out` is moved aside, then
   deleted). gs://: the old objects are deleted, then the files uploaded with `last` (the file its readers check
-  first) last, so a reader sees either the whole directory or none of it."""
+  first) last, so a reader sees either the whole directory or none of it. Running out of space while staging is one
+  OSError naming `out`, the space free and the space it had used; an earlier `out` is left as it was."""
   remote = is_remote(out)
   out = absolute(out)
   # Beside `out` (locally), else in the local temp dir; a killed writer's leftovers go when `out` is next written.
@@ -169,7 +188,18 @@ def staged_dir(out: str, last: str):
   tmp = temp_path(beside)
   os.makedirs(tmp)
   try:
-    yield tmp
+    try:
+      yield tmp
+    except (OSError, RuntimeError) as e:
+      if not no_space(e):
+        raise
+      written = _bytes_under(tmp)
+      shutil.rmtree(tmp, ignore_errors=True)
+      free = shutil.disk_usage(os.path.dirname(tmp)).free  # with the staged part deleted again
+      kept = f"the earlier {out} is unchanged" if epath.Path(out).exists() else "nothing of it was kept"
+      raise OSError(f"writing {out} failed, no space: it needs more than the {_mib(free)} free on the disk of "
+                    f"{os.path.dirname(tmp)} (it had written {_mib(written)} when the disk filled): {kept}; free "
+                    "space or write elsewhere, then re-run") from e
     if remote:
       if epath.Path(out).exists():
         epath.Path(out).rmtree()  # first, so that no stale object outlives the upload

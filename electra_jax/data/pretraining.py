@@ -8,7 +8,6 @@ temporary goes at the next run).
 """
 import contextlib
 import dataclasses
-import errno
 import glob
 import math
 import os
@@ -38,15 +37,6 @@ class PretrainingConfig(tfds.core.BuilderConfig):
   settings: dict | None = None  # the data.* keys that made it (metadata.json): commands find it from data_dir alone
 
 
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
-
-
-def _no_space(e: Exception) -> bool:
-  """ArrayRecord's writer reports the OS error in a RuntimeError's words only; TFDS may re-raise an OSError without
-  its errno."""
-  return getattr(e, "errno", None) in _NO_SPACE or any(os.strerror(n) in str(e) for n in _NO_SPACE)
-
-
 @contextlib.contextmanager
 def writing(dataset_dir: str):
   """Around TFDS's download_and_prepare into the local `dataset_dir` (<data_dir>/NAME/<config>/<version>).
@@ -66,7 +56,7 @@ def writing(dataset_dir: str):
   try:
     yield
   except (OSError, RuntimeError) as e:
-    if not _no_space(e):
+    if not storage.no_space(e):
       raise
     raise OSError(f"writing the dataset {dataset_dir} failed, no space ({' '.join(str(e).split())}): nothing of it "
                   "was kept; free space or fix the cause, then re-run") from e
