@@ -47,7 +47,7 @@ def fail(command: str, message) -> None:
   sys.exit(1)
 
 
-def _describe(e: Exception) -> str:
+def describe_flag_error(e: Exception) -> str:
   """A flag-parsing error in words: config_flags reports a misspelt key as a KeyError or an AttributeError (around a
   KeyError, one level down), whose text is the key's repr and a "Did you mean" hint."""
   if not isinstance(e, (KeyError, AttributeError)):
@@ -112,7 +112,7 @@ def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags
         holder.value  # pylint: disable=pointless-statement  (a config file that does not load raises here)
     except Exception as e:  # pylint: disable=broad-except  (any error here comes from the command line)
       logging.debug("%s: bad flags", command, exc_info=True)
-      fail(command, _describe(e))
+      fail(command, describe_flag_error(e))
     if len(argv) > 1:
       fail(command, f"unexpected arguments: {' '.join(argv[1:])} (flags are written --name=value)")
     return argv

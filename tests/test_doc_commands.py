@@ -79,7 +79,7 @@ def _parse_each():
         if len(rest) > 1:
           error = f"unexpected arguments: {rest[1:]}"
       except Exception as e:  # pylint: disable=broad-except
-        error = cli._describe(e)  # pylint: disable=protected-access
+        error = cli.describe_flag_error(e)
       os.write(write, json.dumps(error).encode())
       os._exit(0)  # pylint: disable=protected-access
     os.close(write)
