@@ -28,7 +28,7 @@ class Report:
   temp_bytes: int
   code_bytes: int
   flops: float  # XLA's count: matmuls, elementwise work, the optimiser's update
-  seconds: float | None  # the TPU cost model's time for one step: an estimate, not a measurement
+  seconds: float | None  # the TPU cost model's time for one step, if it has one: an estimate, not a measurement
 
   @property
   def peak_bytes(self) -> int:
@@ -75,9 +75,10 @@ def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
   m = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  seconds = cost.get("optimal_seconds")
   return Report(name, t1 - t0, t2 - t1, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
                 m.temp_size_in_bytes, m.generated_code_size_in_bytes, float(cost.get("flops", 0.0)),
-                cost.get("optimal_seconds"))
+                seconds if seconds and seconds > 0 else None)  # libtpu gives v4, and unknown ops, a negative time
 
 
 @dataclasses.dataclass(frozen=True)
