@@ -4,6 +4,7 @@ v5litepod-16 alias v5e-16, v5p-8, v6e-8) and a slice count become the slice's de
 
 No TPU is needed: the devices are descriptions a program can be compiled for, never run on.
 """
+import contextlib
 import dataclasses
 import math
 import os
@@ -67,20 +68,34 @@ class Slice:
   def devices(self) -> list:
     """The slice's (or slices') devices, from libtpu's topology description."""
     packages.require("libtpu", f"compiling for a {self.name} TPU slice")
-    # libtpu reads the type and the hosts on a TPU VM (elsewhere it logs errors without them), and takes a lock file
-    # that would keep two compiling processes (a test run's workers) from describing topologies at once.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator_type)
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "2")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
     try:
-      desc = topologies.get_topology_desc(
-          platform="tpu", topology_name=f"{self.generation}:{'x'.join(map(str, self.shape))}",
-          chip_config_name=self.spec.chip_config, chips_per_host_bounds=self.host_bounds, num_slices=self.num_slices)
+      with _libtpu_environment(self.accelerator_type):
+        desc = topologies.get_topology_desc(
+            platform="tpu", topology_name=f"{self.generation}:{'x'.join(map(str, self.shape))}",
+            chip_config_name=self.spec.chip_config, chips_per_host_bounds=self.host_bounds,
+            num_slices=self.num_slices)
     except Exception as e:  # pylint: disable=broad-except  (libtpu's errors have no common type)
       raise ValueError(f"cannot describe a {self.name} TPU slice: {' '.join(str(e).split())[:300]}") from None
     return list(desc.devices)
+
+
+@contextlib.contextmanager
+def _libtpu_environment(accelerator_type: str):
+  """What libtpu reads when it starts, for this process only while it does: the type and hosts a TPU VM would set
+  (elsewhere it logs errors without them), quiet logs, and no lock file (which keeps two processes, a test run's
+  workers, from describing slices at once). Restored after, so that programs this process starts do not take this
+  machine for a TPU VM."""
+  settings = dict(TPU_ACCELERATOR_TYPE=accelerator_type, TPU_WORKER_HOSTNAMES="localhost", TPU_STDERR_LOG_LEVEL="2",
+                  ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  saved = {k: os.environ.get(k) for k in settings}
+  os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
+  try:
+    yield
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
 
 
 def _torus(chips: int, dims: int) -> tuple[int, ...]:

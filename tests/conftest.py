@@ -31,7 +31,7 @@ GCS_BUCKET = "electra-test"
 # --dist=loadfile) hands out whole files in collection order (pytest.ini: --no-loadscope-reorder; xdist's own order puts
 # the files with the most tests first, so these few-test ones came last): a long file handed out last leaves the other
 # worker idle.
-SLOWEST_FIRST = ("test_pod_faults.py", "test_checkpoints.py", "test_gpu_run.py", "test_multihost.py",
+SLOWEST_FIRST = ("test_pod_faults.py", "test_checkpoints.py", "test_gpu_run.py", "test_multihost.py", "test_compile.py",
                  "test_finetune_recipe.py", "test_without_tensorflow.py", "test_train_step.py",
                  "test_finetune_tagging_qa.py", "test_fidelity.py", "test_bad_inputs.py", "test_replicate.py",
                  "test_workdir_safety.py")

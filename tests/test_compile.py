@@ -35,6 +35,7 @@ def test_accelerator_types_describe_their_slices(tpu, devices, hosts):
   s = topology.parse(tpu)
   assert (s.num_devices, s.num_hosts) == (devices, hosts)
   assert len(s.devices()) == devices
+  assert "TPU_ACCELERATOR_TYPE" not in os.environ  # programs started later do not take this machine for a TPU VM
   assert topology.parse("v5litepod-16") == topology.parse("v5e-16")
 
 
