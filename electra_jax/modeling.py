@@ -42,6 +42,7 @@ class ModelConfig:
   remat: bool = False
   embedding_sharing: str = "shared"
   attention_impl: str = "einsum"
+  scan_layers: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
@@ -76,7 +77,8 @@ class ModelConfig:
                type_vocab_size=m.type_vocab_size, dropout_rate=m.dropout_rate,
                attention_dropout_rate=m.attention_dropout_rate, initializer_range=m.initializer_range,
                layer_norm_eps=m.layer_norm_eps, dtype=m.dtype, remat=m.remat,
-               embedding_sharing=config.objective.embedding_sharing, attention_impl=attention_impl)
+               embedding_sharing=config.objective.embedding_sharing, attention_impl=attention_impl,
+               scan_layers=m.get("scan_layers", False))
 
   @property
   def compute_dtype(self):
@@ -221,10 +223,29 @@ class Encoder(nn.Module):
     x = embedded
     if c.embedding_size != e.hidden_size:
       x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
+    if c.scan_layers and not self.is_initializing():
+      return _scan_layers(c, e, self.variables["params"], x, mask, deterministic,
+                          None if deterministic else self.make_rng("dropout"))
     layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
     for i in range(e.num_layers):
       x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic)
     return x
+
+
+def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng):
+  """The layers as one lax.scan over their parameters stacked inside the step: XLA compiles one layer instead of
+  num_layers copies, while the parameters (checkpoints, exports) keep their per-layer names layer_0, layer_1, ...
+  Each layer's dropout key is split from the encoder's, so the random stream differs from the unrolled layers'."""
+  stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
+  keys = None if rng is None else jax.random.split(rng, e.num_layers)
+  layer = EncoderLayer(c, e)
+
+  def body(h, inputs):
+    p, key = inputs
+    return layer.apply({"params": p}, h, mask, deterministic, rngs={} if key is None else {"dropout": key}), None
+
+  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys))
+  return x
 
 
 class MaskedLMHead(nn.Module):

@@ -228,3 +228,33 @@ def test_attention_impl_config_errors_name_the_key():
   old = _attention_config().to_dict()  # a config.json written before the key existed
   del old["model"]["attention_impl"]
   assert modeling.ModelConfig.from_config(ml_collections.ConfigDict(old)).attention_impl == "einsum"
+
+
+def test_scanned_layers_are_the_unrolled_layers():
+  """model.scan_layers runs the same layers, from the same per-layer parameters (checkpoints and exports unchanged):
+  equal hidden states and gradients with dropout off, and a training forward that draws its dropout."""
+  c = config_lib.base("tiny")
+  c.model.update(num_layers=3, remat=True)
+  c.data.update(vocab_size=100, seq_len=16)
+  unrolled = modeling.Electra(modeling.ModelConfig.from_config(c))
+  params = flax.linen.meta.unbox(objectives.init_params(unrolled, c, jax.random.key(0)))
+  scanned = modeling.Electra(dataclasses.replace(unrolled.config, scan_layers=True))
+  assert jax.tree.structure(jax.eval_shape(lambda: objectives.init_params(scanned, c, jax.random.key(0)))) == \
+      jax.tree.structure(jax.eval_shape(lambda: objectives.init_params(unrolled, c, jax.random.key(0))))
+  ids = jnp.asarray(np.random.default_rng(0).integers(5, 100, (2, 16)), jnp.int32)
+  seg = jnp.zeros_like(ids)
+
+  weights = jax.random.normal(jax.random.key(3), (2, 16, c.model.hidden_size))  # not a norm: LayerNorm fixes that
+
+  def loss(model, p):
+    return jnp.sum(model.apply({"params": p}, ids, seg, method=modeling.Electra.encode) * weights)
+
+  (a, ga), (b, gb) = (jax.jit(jax.value_and_grad(functools.partial(loss, m)))(params) for m in (unrolled, scanned))
+  np.testing.assert_allclose(a, b, rtol=1e-5)
+  # Summed in another order inside the scan: equal to float32 rounding (attention's key bias has a zero gradient,
+  # so only rounding is left of it: the tolerance is relative to the largest gradient).
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(ga))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale), ga, gb)
+  train = jax.jit(lambda key: scanned.apply({"params": params}, ids, seg, deterministic=False, rngs={"dropout": key},
+                                            method=modeling.Electra.encode))
+  assert not np.allclose(train(jax.random.key(1)), train(jax.random.key(2)))
