@@ -48,9 +48,10 @@ def _finetune_targets(ft, encoder, devices):
     what = ft.init_from
   else:
     source = config_lib.base()
-    source.model.update(config_lib.model_config(encoder).to_dict() if encoder else ft.model.to_dict())
-    if encoder:
-      source.model.dtype = "bfloat16"
+    source.model.update(ft.model.to_dict())
+    if encoder:  # the paper's sizes in bfloat16; how config.model runs them (remat, scan_layers, attention) stays
+      sizes = config_lib.model_config(encoder)
+      source.model.update(size=encoder, dtype="bfloat16", **{k: sizes[k] for k in config_lib.SIZE_KEYS})
     source.data.vocab_size = tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size if ft.tokenizer else BERT_VOCAB
     what = f"{encoder or 'config.model'} encoder, vocabulary {source.data.vocab_size}"
   seq_len = min(ft.seq_len, source.model.max_position_embeddings)

@@ -16,16 +16,14 @@ SIZES = {
 }
 
 
+# The keys SIZES sets (generator_fraction: G's hidden size, heads and FFN are D's times this).
+SIZE_KEYS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "embedding_size", "generator_fraction")
+
+
 def model_config(size: str) -> ml_collections.ConfigDict:
-  layers, hidden, heads, ffn, embedding, gen_fraction = SIZES[size]
   return ml_collections.ConfigDict(dict(
       size=size,
-      num_layers=layers,
-      hidden_size=hidden,
-      num_heads=heads,
-      intermediate_size=ffn,
-      embedding_size=embedding,
-      generator_fraction=gen_fraction,  # G's hidden size, heads and FFN are D's times this
+      **dict(zip(SIZE_KEYS, SIZES[size])),
       max_position_embeddings=512,
       type_vocab_size=2,
       dropout_rate=0.1,
