@@ -1,6 +1,7 @@
 """electra-bench: the speed of one training step (and, with --pipeline, of the input pipeline) for a config.
 
   electra-bench --config=configs/small.py --config.train.batch_size=32 --config.model.dtype=float32 [--steps=10]
+  electra-bench --config=configs/demo.py --data_dir=data/demo --pipeline   # real ids; the input pipeline's speed too
 
 Whether a config fits a TPU slice, and what XLA's TPU compiler expects of it: electra-compile (no TPU needed).
 
