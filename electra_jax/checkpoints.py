@@ -300,11 +300,14 @@ def checksums(tree) -> dict:
   return {name: crc(x) for name, x in _named_leaves(tree)}
 
 
-def has_checkpoint(workdir: str) -> bool:
-  """Whether workdir/checkpoints holds a step. Checked before any CheckpointManager exists: one that is closed just
-  before an error exit can leave Orbax's signalling thread printing a traceback at interpreter shutdown."""
+def latest_step(workdir: str) -> int | None:
+  """The newest step workdir/checkpoints holds (an unfinished save is none), or None. Read before any
+  CheckpointManager exists: one that is closed just before an error exit can leave Orbax's signalling thread printing
+  a traceback at interpreter shutdown."""
   directory = epath.Path(storage.absolute(workdir)) / "checkpoints"
-  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+  if not directory.is_dir():
+    return None
+  return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=None)
 
 
 def save_params(directory: str, params):

@@ -65,7 +65,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
 def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int | None = None) -> state.TrainState:
   """The TrainState of `workdir`'s checkpoint at `step` (default: the latest intact one), written with `config`,
   placed as `target` says."""
-  if not checkpoints.has_checkpoint(workdir):
+  if checkpoints.latest_step(workdir) is None:
     raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
   ckpt = checkpoints.Checkpointer(workdir, config, read_only=True)  # `workdir` may be a live run's
   try:
@@ -74,34 +74,22 @@ def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int 
     ckpt.close()
 
 
-def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, tokenizer_path: str):
-  """train.init_from's weights (and train.init_from_generator's, for an HF discriminator) placed on `sharded`'s mesh,
-  after checking that they fit `config` and were trained with the data's tokenizer."""
-  source = config.train.init_from
-  loaded = load(source, generator=config.train.init_from_generator or None)
-  _check_tokenizer(source, loaded.tokenizer, tokenizer_path)
+def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, source: str, generator: str = ""):
+  """The weights in `source` (with an HF discriminator, `generator`'s: a separate generator directory) placed on
+  `sharded`'s mesh, after checking that they fit `config` (the plan checked their tokenizer)."""
+  loaded = load(source, generator=generator or None)
   _check_fit(source, abstract(config), loaded.params,
              "model sizes, vocabulary, embedding_sharing and objective must match")
   return jax.device_put(loaded.params, sharded.state.params)
 
 
-def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded,
-                     tokenizer_path: str) -> state.TrainState:
-  """train.init_from_state: the whole TrainState of the workdir train.init_from names (its latest intact checkpoint:
+def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, source: str) -> state.TrainState:
+  """train.init_from_state: the whole TrainState of the pre-training workdir `source` (its latest intact checkpoint:
   parameters, optimiser state and step) placed on `sharded`'s mesh, so that a second phase (e.g. at a longer
-  data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where there is no
-  optimiser state to take, where it does not fit this run's optimiser, or where its step leaves no step to train."""
-  source = config.train.init_from
-  if not source:
-    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
-                     "step to continue")
-  what = sources.kind(source)
-  if what != "workdir":
-    raise ValueError(f"train.init_from_state: {source} is {'an HF directory' if what == 'hf' else 'a params export'}, "
-                     "which holds no optimiser state: name a pre-training workdir, or drop init_from_state to start "
-                     "from its weights with a fresh optimiser")
+  data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where its optimiser
+  state does not fit this run's optimiser, or where its step leaves no step to train (the plan checked that `source`
+  is a workdir with the data's tokenizer)."""
   saved = load(source, with_params=False)
-  _check_tokenizer(source, saved.tokenizer, tokenizer_path)
   target = sharded.abstract()
   _check_fit(source, target, abstract(saved.config, tx=optim.create(saved.config.train)[0]),
              "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the parameters' "
@@ -113,12 +101,6 @@ def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded,
                      f"train.num_steps={num_steps}: with train.init_from_state, train.num_steps counts the steps of "
                      "both runs (raise it)")
   return restored
-
-
-def _check_tokenizer(source: str, tokenizer: str, tokenizer_path: str):
-  if prepared.fingerprint(tokenizer) != prepared.fingerprint(tokenizer_path):
-    raise ValueError(f"train.init_from={source}: its tokenizer is not the one the data was prepared with; prepare "
-                     f"with --config.data.tokenizer={tokenizer}")
 
 
 def _check_fit(source: str, ours, theirs, hint: str):

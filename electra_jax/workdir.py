@@ -1,6 +1,7 @@
 """A training workdir's own files and checks (pre-training's and fine-tuning's): config.json (written, read, compared
-when a run resumes), whether a run may write there (resume, replace or refuse; what it must keep apart from) and the
-lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
+when a run resumes) and plan.json beside it (what the run's plan.py decided), whether a run may write there (resume,
+replace or refuse; what it must keep apart from) and the lock that keeps it one writer's. Paths may be local or gs://
+(storage.py)."""
 import contextlib
 import json
 import os
@@ -27,6 +28,9 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "tra
                   "train.peer_timeout_s",
                   "mesh.", "model.remat",
                   "train.grad_accum_steps", "data.data_dir", "data.num_workers", "overwrite")
+
+
+PLAN_FILE = "plan.json"  # what a run's plan.py decided at its entrance
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -71,9 +75,10 @@ def _another_run(changes: list[str]) -> str:
   return f"holds another run (its config.json differs: {'; '.join(changes)})"
 
 
-def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_change: bool = False):
+def check_workdir(workdir: str, config: ml_collections.ConfigDict,
+                  allow_config_change: bool = False) -> list[str] | None:
   """Before pre-training writes anything: the workdir can be written, and holds no other run unless
-  `allow_config_change`."""
+  `allow_config_change`. Returns changes_since(workdir, config)."""
   check_writable(workdir)
   changes = changes_since(workdir, config)
   if changes and not allow_config_change:
@@ -81,6 +86,7 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict, allow_config_
                      "to continue it with this config")
   if changes:
     logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
+  return changes
 
 
 def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict) -> bool:
@@ -123,6 +129,14 @@ def write_config(workdir: str, config: ml_collections.ConfigDict):
   """<workdir>/config.json, written atomically by process 0."""
   if jax.process_index() == 0:
     storage.write(epath.Path(workdir) / "config.json", config.to_json_best_effort(indent=2))
+
+
+def write_plan(workdir: str, config: ml_collections.ConfigDict, plan: dict):
+  """<workdir>/config.json and plan.json (what the run's entrance decided: its data or task, tokenizer, start), by
+  process 0, once every check has passed."""
+  write_config(workdir, config)
+  if jax.process_index() == 0:
+    storage.write(epath.Path(workdir) / PLAN_FILE, json.dumps(plan, indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

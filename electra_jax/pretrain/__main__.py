@@ -11,7 +11,7 @@ the newest intact one. See docs/reliability.md.
 """
 import os
 
-from absl import flags
+from absl import flags, logging
 from ml_collections import config_flags
 
 from electra_jax import cli
@@ -31,10 +31,13 @@ def define_flags():
 
 def main(config, workdir, allow_config_change):
   from electra_jax import sharding  # pylint: disable=g-import-not-at-top
-  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import loop as pretrain_loop, plan as plan_lib  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
-  pretrain_loop.train_and_evaluate(config, workdir, allow_config_change=allow_config_change)
-  print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json\n"
+  plan = plan_lib.resolve(config, workdir, allow_config_change)
+  logging.info("%s", plan.describe())
+  pretrain_loop.train(plan)
+  print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json, "
+        "plan.json\n"
         f"TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')}")
 
 

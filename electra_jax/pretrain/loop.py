@@ -1,61 +1,48 @@
-"""The pre-training loop's own part: a workdir's checks, restore or init (the input position included), batches from
-the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
+"""The pre-training loop's own part: restore or init as the run's plan says (the input position included), batches
+from the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
 steps, checkpoints and preemption."""
-import copy
 import time
 
 import jax
 import ml_collections
 from absl import logging
 
-from electra_jax import checkpoints, flops, goodput, sources, storage, weights
+from electra_jax import checkpoints, flops, goodput, weights
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import input_pipeline
 from electra_jax.data import prepared as prepared_lib
-from electra_jax.pretrain import experiment
+from electra_jax.pretrain import experiment, plan as plan_lib
 from electra_jax.state import TrainState
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> TrainState:
-  """Pre-trains per `config` in `workdir` (config.json, checkpoints/, metrics.jsonl, tensorboard/), resuming from the
-  latest checkpoint there. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf loss
-  or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the workdir's
-  lock (workdir.Lock) throughout: a second writer there is refused."""
+  """Pre-trains per `config` in `workdir` (config.json, plan.json, checkpoints/, metrics.jsonl, tensorboard/),
+  resuming from the latest checkpoint there: `train` of the run's plan (plan.py)."""
+  return train(plan_lib.resolve(config, workdir, allow_config_change))
+
+
+def train(plan: plan_lib.Plan) -> TrainState:
+  """Pre-trains as `plan` says. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf
+  loss or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the
+  workdir's lock (workdir.Lock) throughout: a second writer there is refused."""
   clock = goodput.Clock()
-  config = copy.deepcopy(sources.with_init_tokenizer(config))
-  # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
-  # from whatever directory they run in.
-  config.data.data_dir = storage.absolute(config.data.data_dir)
-  # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
-  config = prepared_lib.resolve(config)
-  loop_lib.check_config(config.train, "num_steps", "eval_every")
-  workdir_lib.check_workdir(workdir, config, allow_config_change)
+  config, workdir, train_config = plan.config, plan.workdir, plan.config.train
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
-    return _train(config, workdir, lock, clock)
-
-
-def _train(config: ml_collections.ConfigDict, workdir: str, lock: workdir_lib.Lock,
-           clock: goodput.Clock) -> TrainState:
-  prepared = prepared_lib.load(config)
-  exp = experiment.create(config, prepared.special_ids, word_starts=prepared.word_starts)
-  ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
-  state, position, rng = restore_or_init(exp, ckpt, prepared.tokenizer_path)
-  start, num_steps = int(state.step), config.train.num_steps
-  if start > num_steps:
-    raise ValueError(f"workdir {workdir} is at step {start}, past train.num_steps={num_steps}: raise "
-                     "--config.train.num_steps to continue it")
-  train_iter = input_pipeline.train_iterator(config, prepared, state=position)
-  # Every check passed: only now is anything written.
-  workdir_lib.write_config(workdir, config)
-  writer = metrics_lib.Writer(workdir, start)
-  body = PreTraining(exp, prepared, train_iter, writer, start)
-  state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=num_steps,
-                          log_every=config.train.log_every, eval_every=config.train.eval_every, ckpt=ckpt, lock=lock,
-                          writer=writer, clock=clock, closers=(train_iter.close,),
-                          profile_steps=config.train.profile_steps, peer_timeout_s=config.train.peer_timeout_s)
+    exp = experiment.create(config, plan.data.special_ids, word_starts=plan.data.word_starts)
+    ckpt = checkpoints.Checkpointer(workdir, config, plan.data.tokenizer_path)
+    state, position, rng = restore_or_init(exp, ckpt, plan.start)
+    train_iter = input_pipeline.train_iterator(config, plan.data, state=position)
+    # Every check passed: only now is anything written.
+    plan.write()
+    writer = metrics_lib.Writer(workdir, int(state.step))
+    body = PreTraining(exp, plan.data, train_iter, writer, int(state.step))
+    state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
+                            log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
+                            writer=writer, clock=clock, closers=(train_iter.close,),
+                            profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s)
   return state
 
 
@@ -99,18 +86,17 @@ class PreTraining:
     return dict(position=self.train_iter.get_state(), batch_size=self.exp.config.train.batch_size)
 
 
-def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, tokenizer_path: str):
-  """(state, input position, rng) the run starts from: the latest checkpoint of its workdir on the current mesh, or
-  fresh from train.seed with train.init_from's weights when set, and with its optimiser state and step too under
-  train.init_from_state (a second phase on other data: the input position starts afresh)."""
-  train = exp.config.train
-  rng = jax.random.fold_in(jax.random.key(train.seed), 1)
-  if ckpt.latest_step() is None:
-    if train.init_from_state:
-      return weights.state_for_config(exp.config, exp.sharded, tokenizer_path), None, rng
-    state = exp.sharded.init(jax.random.key(train.seed))
-    if train.init_from:
-      state = state.replace(params=weights.for_config(exp.config, exp.sharded, tokenizer_path))
+def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
+  """(state, input position, rng) the run starts from, as `start` says: the workdir's latest checkpoint on the current
+  mesh, or fresh from train.seed with init_from's weights when set, and with its optimiser state and step too under
+  with_state (a second phase on other data: the input position starts afresh)."""
+  rng = jax.random.fold_in(jax.random.key(exp.config.train.seed), 1)
+  if start.resume_step is None:
+    if start.with_state:
+      return weights.state_for_config(exp.config, exp.sharded, start.init_from), None, rng
+    state = exp.sharded.init(jax.random.key(exp.config.train.seed))
+    if start.init_from:
+      state = state.replace(params=weights.for_config(exp.config, exp.sharded, start.init_from, start.generator))
     return state, None, rng
   try:
     restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)
