@@ -10,7 +10,7 @@ import pytest
 
 from configs.finetune import classify
 from electra_jax import checkpoints, finetune, modeling
-from electra_jax.finetune import experiment, loop, model as model_lib, protocol
+from electra_jax.finetune import experiment, loop, model as model_lib, plan as plan_lib, protocol
 from tests import helpers
 
 # A small eval split and dev fold (~210 rows each: one eval batch) where a test checks what the recipe does with its
@@ -84,7 +84,7 @@ def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp
   c = _config(tiny_data, init_from=path, reinit_layers=1)
   s = experiment.make_setup(c)
   ckpt = checkpoints.Checkpointer(str(tmp_path / "ft"), c, s.tokenizer_path)
-  state, _ = loop.restore_or_init(s, ckpt, str(tmp_path / "ft"))
+  state, _ = loop.restore_or_init(s, ckpt, plan_lib.resolve(c, str(tmp_path / "ft")))
   ckpt.close()
   encoder = jax.device_get(state.params["electra"])
   pretrained = jax.device_get(model_lib.encoder_params(config, params))

@@ -1,5 +1,5 @@
-"""The fine-tuning loop's own part, in named steps: the workdir's checks (workdir.py's), setup (experiment.py),
-restore or init, the loop (loop.py's, with evaluation and model selection), the results.
+"""The fine-tuning loop's own part, in named steps: setup (experiment.py), restore or init as the run's plan says
+(plan.py), the loop (loop.py's, with evaluation and model selection), the results.
 """
 import dataclasses
 import json
@@ -14,9 +14,8 @@ from etils import epath
 from electra_jax import checkpoints, goodput, state as state_lib, storage
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
-from electra_jax import sources
 from electra_jax import workdir as workdir_lib
-from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import model as model_lib, plan as plan_lib
 from electra_jax.finetune.experiment import Setup, batch_rows, make_setup
 
 BEST_DIR = "best"
@@ -24,25 +23,24 @@ RESULTS_FILE = "eval_results.json"
 
 
 def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
-  """Fine-tunes per `ft` in `workdir`, resuming from its latest checkpoint; returns the results (also written to
-  eval_results.json, last), or None when stopped by SIGTERM/SIGINT (after saving: run it again to resume). Raises a
-  one-line ValueError/OSError on bad input before anything is written, FloatingPointError on a NaN/Inf loss."""
+  """Fine-tunes per `ft` in `workdir`, resuming from its latest checkpoint: `train` of the run's plan (plan.py)."""
+  return train(plan_lib.resolve(ft, workdir))
+
+
+def train(plan: plan_lib.Plan) -> dict | None:
+  """Fine-tunes as `plan` says; returns the results (also written to eval_results.json, last), or None when stopped
+  by SIGTERM/SIGINT (after saving: run it again to resume). Raises a one-line ValueError/OSError on bad input before
+  anything is written, FloatingPointError on a NaN/Inf loss."""
   t0, clock = time.time(), goodput.Clock()
-  loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
-  if ft.train.eval_every < 0:
-    raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
-  init_inputs = sources.inputs(ft.init_from) if ft.init_from else []
-  storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init_inputs), "--workdir")
-  workdir_lib.check_writable(workdir)
+  ft, workdir = plan.ft, plan.workdir
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:
-    replace = workdir_lib.check_finetune_workdir(workdir, ft)
     setup = make_setup(ft)
     # Every check passed: only now is anything written or deleted.
-    if replace:
+    if plan.replace:
       workdir_lib.empty(workdir)
     ckpt = checkpoints.Checkpointer(workdir, ft, setup.tokenizer_path)
-    state, progress = restore_or_init(setup, ckpt, workdir)
-    workdir_lib.write_config(workdir, ft)
+    state, progress = restore_or_init(setup, ckpt, plan)
+    plan.write()
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
                  len(setup.train.examples.labels), setup.train.size, setup.head.num_labels)
@@ -67,10 +65,11 @@ class Progress:
 PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions saved it: their checkpoints resume
 
 
-def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer, workdir: str) -> tuple[state_lib.TrainState, Progress]:
-  """The latest checkpoint's state and progress on the current mesh, or a fresh state from train.seed (with
-  init_from's encoder) and progress."""
-  if ckpt.latest_step() is None:
+def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
+                    plan: plan_lib.Plan) -> tuple[state_lib.TrainState, Progress]:
+  """As `plan` says: the latest checkpoint's state and progress on the current mesh, or a fresh state from
+  train.seed (with init_from's encoder) and progress."""
+  if plan.resume_step is None:
     state = s.sharded.init(jax.random.key(s.ft.train.seed))
     src_config, src_params = s.source
     if src_params is not None:
@@ -84,7 +83,7 @@ def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer, workdir: str) -> t
                                         electra=jax.device_put(loaded, s.sharded.state.params["electra"])))
     return state, Progress()
   restored = ckpt.restore(s.sharded.abstract(), set_aside_corrupt=True)
-  logging.info("Resumed %s from step %d", workdir, int(restored.state.step))
+  logging.info("Resumed %s from step %d", plan.workdir, int(restored.state.step))
   return restored.state, Progress(**restored.extra[PROGRESS])
 
 

@@ -18,7 +18,7 @@ from absl import logging
 from etils import epath
 
 from electra_jax import packages, storage
-from electra_jax.finetune import loop
+from electra_jax.finetune import loop, plan as plan_lib
 
 SUMMARY_FILE = "protocol.json"
 TABLE_FILE = "protocol.md"
@@ -87,20 +87,26 @@ def plot_curves(runs: dict[str, list[dict]], metric: str, path: epath.Path):
   storage.write(path, png.getvalue())
 
 
+def _run_config(ft: ml_collections.ConfigDict, rate: float, seed: int) -> ml_collections.ConfigDict:
+  c = ft.copy_and_resolve_references()
+  c.train.update(learning_rate=rate, seed=seed)
+  return c
+
+
 def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: list[float]) -> dict | None:
   """Fine-tunes `ft` at every rate and seed (resuming runs already there); returns the summary (also written to
   WORKDIR), or None when a signal stopped a run (run the same command again to go on)."""
   check(ft, seeds, rates)
+  plans = [plan_lib.resolve(_run_config(ft, rate, seed), run_dir(workdir, rate, seed)) for rate in rates
+           for seed in seeds]  # every run's, before the first is built
   runs = {}
-  for rate in rates:
-    for seed in seeds:
-      c = ft.copy_and_resolve_references()
-      c.train.update(learning_rate=rate, seed=seed)
-      logging.info("Protocol: learning rate %s, seed %d", f"{rate:g}" if rate else "by the width", seed)
-      results = loop.finetune(c, run_dir(workdir, rate, seed))
-      if results is None:
-        return None
-      runs.setdefault(results["learning_rate"], []).append(results)  # as resolved: 0 is the width's rate
+  for plan in plans:
+    logging.info("Protocol: learning rate %s, seed %d\n%s", f"{plan.ft.train.learning_rate:g}" if
+                 plan.ft.train.learning_rate else "by the width", plan.ft.train.seed, plan.describe())
+    results = loop.train(plan)
+    if results is None:
+      return None
+    runs.setdefault(results["learning_rate"], []).append(results)  # as resolved: 0 is the width's rate
   metric = next(iter(runs.values()))[0]["metric"]
   summary = dict(summarize(runs, metric), seeds=seeds, runs={f"{rate:g}": r for rate, r in runs.items()})
   if jax.process_index() == 0:

@@ -1,0 +1,56 @@
+"""What a fine-tuning run is, decided once at its entrance before anything is built or written: the encoder it starts
+from (init_from, or random init) and its tokenizer, whether the workdir resumes (from which step), starts fresh or is
+replaced (another run's, under --config.overwrite), and what it must keep apart from. The experiment and the loop take
+its parts and decide none of them again; it is printed at start and written to WORKDIR/plan.json."""
+import dataclasses
+
+import ml_collections
+
+from electra_jax import checkpoints, sources, storage
+from electra_jax import loop as loop_lib
+from electra_jax import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  ft: ml_collections.ConfigDict
+  workdir: str
+  tokenizer: str  # config.tokenizer, else init_from's ("" for random init without one: make_setup refuses it)
+  replace: bool  # the workdir holds another run, emptied first (--config.overwrite)
+  resume_step: int | None  # the workdir's newest checkpoint, which the run resumes from; None: a fresh start
+
+  def start(self) -> str:
+    if self.resume_step is not None:
+      return f"resume from the workdir's newest checkpoint, step {self.resume_step}"
+    ft = self.ft
+    if not ft.init_from:
+      return f"random init from train.seed={ft.train.seed}"
+    what = "its architecture, random weights" if ft.random_init else (
+        f"its encoder{f' at step {ft.init_step}' if ft.init_step else ''}")
+    return f"init_from {ft.init_from}: {what}; train.seed={ft.train.seed}"
+
+  def describe(self) -> str:
+    workdir = "replaced (--config.overwrite)" if self.replace else "resumed" if self.resume_step is not None else "new"
+    return "\n".join([f"The run's plan (plan.json; the workdir {workdir}):",
+                      f"  task: {self.ft.task.name or self.ft.task.tfds_name or self.ft.task.train_file}",
+                      f"  tokenizer: {self.tokenizer or 'none'}",
+                      f"  start: {self.start()}"])
+
+  def write(self):
+    """<workdir>/config.json and plan.json (process 0): once every check has passed."""
+    workdir_lib.write_plan(self.workdir, self.ft, dict(tokenizer=self.tokenizer, replaced=self.replace,
+                                                        resume_step=self.resume_step, start=self.start()))
+
+
+def resolve(ft: ml_collections.ConfigDict, workdir: str) -> Plan:
+  """The plan of fine-tuning `ft` in `workdir`; a one-line ValueError/OSError on a bad config or a workdir it may not
+  write (another run's without ft.overwrite, or one that holds or lies inside what the run reads)."""
+  loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
+  if ft.train.eval_every < 0:
+    raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
+  init_inputs = sources.inputs(ft.init_from) if ft.init_from else []
+  storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init_inputs), "--workdir")
+  workdir_lib.check_writable(workdir)
+  replace = workdir_lib.check_finetune_workdir(workdir, ft)
+  tokenizer = ft.tokenizer or (sources.tokenizer(ft.init_from) if ft.init_from else "")
+  return Plan(ft, workdir, tokenizer, replace, None if replace else checkpoints.latest_step(workdir))
