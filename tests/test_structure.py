@@ -146,3 +146,48 @@ def test_activation_constraints_reach_the_step():
   # Embeddings and every layer's output: [batch, length, features] split over both mesh axes on the batch.
   assert len(constraints) >= 1 + c.model.num_layers, constraints[:3]
   assert all('{"data", "fsdp"}' in line for line in constraints), constraints[:3]
+
+
+# A run's plan (its data and tokenizer, the workdir's verdict, where its state comes from) is decided at each
+# command's entrance, in its plan.py: these calls stand nowhere else in the package (electra-prepare's data/build.py
+# resolves init_from's tokenizer as pre-training's plan does, so that the two agree).
+DECISIONS = {"with_init_tokenizer": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
+             "check_workdir": {"electra_jax.pretrain.plan"},
+             "check_finetune_workdir": {"electra_jax.finetune.plan"}}
+
+
+def test_a_runs_plan_is_decided_at_its_entrance():
+  found = {}
+  for path in PACKAGE.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DECISIONS:
+        found.setdefault(node.func.attr, set()).add(_module(path))
+  assert found == DECISIONS
+
+
+# The rooms below the commands take the typed parts of a run they need (modeling.ModelConfig, a PreparedData, a
+# SpecialIds, counts), not the run's ConfigDict. The functions named here still take a ConfigDict (one section of it,
+# or for data/ its `data` section through the whole); the set may shrink, never grow.
+BELOW_COMMANDS = ("modeling", "sharding", "state", "objectives", "optim", "accumulate", "masking", "losses", "sampling",
+                  "two_stage", "data.build", "data.corpus", "data.input_pipeline", "data.packing", "data.prepared",
+                  "data.pretraining", "data.task_rows")
+TAKE_A_CONFIGDICT = {"modeling.from_config", "sharding.create_mesh", "objectives._unwrapped",
+                     "objectives.compute_loss", "objectives.init_params", "optim.build", "optim.create",
+                     "masking.check_masking", "two_stage.switch_step", "two_stage.wrap_update", "data.build.build",
+                     "data.input_pipeline.train_iterator", "data.input_pipeline.validation_batches",
+                     "data.prepared.tokenizer_path", "data.prepared.dataset_dir", "data.prepared.resolve",
+                     "data.prepared.load"}
+
+
+def test_rooms_below_the_commands_take_typed_parts():
+  """A parameter annotated as a ConfigDict, or an unannotated `config`, marks a function that takes one."""
+  assert {m for m in BELOW_COMMANDS if _path(f"electra_jax.{m}") is None} == set()
+  takers = set()
+  for module in BELOW_COMMANDS:
+    for node in ast.walk(ast.parse(_path(f"electra_jax.{module}").read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+          annotation = ast.unparse(a.annotation) if a.annotation else ""
+          if "ConfigDict" in annotation or (a.arg == "config" and not annotation):
+            takers.add(f"{module}.{node.name}")
+  assert takers <= TAKE_A_CONFIGDICT, sorted(takers - TAKE_A_CONFIGDICT)
