@@ -110,7 +110,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax import sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  target = sharding.batch_sharding(sharding.create_mesh(config.mesh))
+  target = sharding.batch_sharding(sharding.create_mesh(**config.mesh))
   it = input_pipeline.train_iterator(config, prepared)
   for _ in range(3):
     next(it)

@@ -4,7 +4,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from electra_jax import sampling
 from electra_jax.special_ids import SpecialIds
@@ -105,9 +104,9 @@ def _replace(rng: jax.Array, input_ids: jax.Array, positions: jax.Array, weights
   return Masked(scatter(input_ids, positions, values, weights), positions, targets, weights)
 
 
-def check_masking(config: ml_collections.ConfigDict):
-  """objective.mask_prob must mask something, and not everything (that leaves the generator no context), at seq_len."""
-  p, seq_len = config.objective.mask_prob, config.data.seq_len
+def check_masking(p: float, seq_len: int):
+  """objective.mask_prob `p` must mask something, and not everything (that leaves the generator no context), at
+  data.seq_len."""
   if not 0 < p < 1:
     raise ValueError(f"objective.mask_prob={p} must be in (0, 1)")
   if max_predictions(p, seq_len) < 1:

@@ -10,7 +10,6 @@ import os
 import jax
 import flax.linen as nn
 from absl import logging
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -61,15 +60,15 @@ RULES = (
 )
 
 
-def create_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+def create_mesh(data: int, fsdp: int, devices=None) -> Mesh:
+  """A (data, fsdp) mesh over `devices` (default: this host's); data=-1 takes every device fsdp leaves (mesh.*)."""
   devices = jax.devices() if devices is None else devices
-  fsdp = mesh_config.fsdp
-  data = mesh_config.data if mesh_config.data != -1 else len(devices) // max(fsdp, 1)
-  if data * fsdp != len(devices):
-    raise ValueError(f"mesh data={mesh_config.data} x fsdp={fsdp} does not match the {len(devices)} devices "
+  rows = data if data != -1 else len(devices) // max(fsdp, 1)
+  if rows * fsdp != len(devices):
+    raise ValueError(f"mesh data={data} x fsdp={fsdp} does not match the {len(devices)} devices "
                      "(set mesh.data=-1 to use all devices not taken by fsdp)")
   # Auto axes: stock Flax layers rely on sharding propagation, not explicit-sharding types.
-  return jax.make_mesh((data, fsdp), MESH_AXES, devices=devices,
+  return jax.make_mesh((rows, fsdp), MESH_AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -54,7 +54,7 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   tokenizer = prepared.tokenizer_path(config)
   if not with_params:
     return Weights(config, None, tokenizer)
-  mesh = sharding.create_mesh(config.mesh)
+  mesh = sharding.create_mesh(**config.mesh)
   if what == "params":
     return Weights(config, checkpoints.restore_params(os.path.join(source, sources.PARAMS_DIR), abstract(config, mesh)),
                    tokenizer)

@@ -226,7 +226,7 @@ def test_abstract_target_is_what_training_builds(tiny_data):
   config = helpers.tiny_config(tiny_data, "shared")
   config.mesh.fsdp = 2
   trained = experiment.create(config).sharded.abstract()
-  got = weights.abstract(config, sharding.create_mesh(config.mesh), optim.create(config.train)[0])
+  got = weights.abstract(config, sharding.create_mesh(**config.mesh), optim.create(config.train)[0])
   described = lambda tree: [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree)]
   assert jax.tree.structure(got) == jax.tree.structure(trained) and described(got) == described(trained)
   bare = weights.abstract(config)

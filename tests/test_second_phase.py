@@ -40,7 +40,7 @@ def _checkpoint(config, workdir: str, step: int):
   """The whole TrainState `workdir` saved at `step`."""
   ckpt = checkpoints.Checkpointer(workdir, config, read_only=True)
   try:
-    target = weights.abstract(config, sharding.create_mesh(config.mesh), optim.create(config.train)[0])
+    target = weights.abstract(config, sharding.create_mesh(**config.mesh), optim.create(config.train)[0])
     return jax.device_get(ckpt.restore(target, step).state)
   finally:
     ckpt.close()

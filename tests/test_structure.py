@@ -171,9 +171,9 @@ def test_a_runs_plan_is_decided_at_its_entrance():
 BELOW_COMMANDS = ("modeling", "sharding", "state", "objectives", "optim", "accumulate", "masking", "losses", "sampling",
                   "two_stage", "data.build", "data.corpus", "data.input_pipeline", "data.packing", "data.prepared",
                   "data.pretraining", "data.task_rows")
-TAKE_A_CONFIGDICT = {"modeling.from_config", "sharding.create_mesh", "objectives._unwrapped",
+TAKE_A_CONFIGDICT = {"modeling.from_config", "objectives._unwrapped",
                      "objectives.compute_loss", "objectives.init_params", "optim.build", "optim.create",
-                     "masking.check_masking", "two_stage.switch_step", "two_stage.wrap_update", "data.build.build",
+                     "two_stage.switch_step", "two_stage.wrap_update", "data.build.build",
                      "data.input_pipeline.train_iterator", "data.input_pipeline.validation_batches",
                      "data.prepared.tokenizer_path", "data.prepared.dataset_dir", "data.prepared.resolve",
                      "data.prepared.load"}

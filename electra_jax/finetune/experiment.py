@@ -173,7 +173,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
   tx, schedule = model_lib.optimizer(train_config, num_steps, mc.discriminator.num_layers)
-  mesh = sharding.create_mesh(ft.mesh, devices)
+  mesh = sharding.create_mesh(**ft.mesh, devices=devices)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])

@@ -78,7 +78,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   tx, schedule = optim.create(config.train)
   update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  mesh = sharding.create_mesh(config.mesh, devices)
+  mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(config.train.batch_size, mesh)
   accum_steps = config.train.grad_accum_steps
   accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
