@@ -109,8 +109,8 @@ def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
   # The fewest micro-batches, each an equal share of every device's rows, that are no larger than what fits.
   micro = next(k for k in range(accum, rows + 1) if rows % k == 0 and rows // k <= fit.rows_per_device)
   return (f"{need}; the largest batch that fits is train.batch_size={fit.rows_per_device * n} ({fit.rows_per_device} "
-          f"rows per device, compiled: {aot.gib(fit.report.temp_bytes)} of temporaries), or keep the batch with "
-          f"train.grad_accum_steps={micro} or model.remat=True")
+          f"rows per device: it compiles), or keep the batch with train.grad_accum_steps={micro} or "
+          "model.remat=True")
 
 
 def _row(r, model_flops, tokens, n, hbm, peak) -> dict:
