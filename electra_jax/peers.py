@@ -22,6 +22,9 @@ from absl import logging
 from jax._src import distributed  # the coordination service's client: no public API has its key-value store
 
 PERIOD_S = 1.0
+# A peer not yet heard from may still be starting (loading data, building its step on a busy host): it has this many
+# times timeout_s before it counts as lost.
+STARTUP_GRACE = 3
 PREFIX = "electra_jax/heartbeat/"
 DONE = "done"
 
@@ -82,7 +85,7 @@ class Watchdog:
         beat = beats.get(_key(p))
         if beat != last:
           seen[p] = (beat, now)
-        elif beat != DONE and now - since > self.timeout_s:
+        elif beat != DONE and now - since > self.timeout_s * (1 if beat is not None else STARTUP_GRACE):
           self._lost(p, now - since)
 
   def _lost(self, process: int, silent_s: float):
