@@ -157,6 +157,6 @@ def run_study(study, workdir: str, budget: float, configs: dict, flops: dict) ->
                             flops=flops_at(c.train.num_steps), pretrain_seconds=seconds, checkpoints=checkpoints,
                             curves=[dict(step=r["step"], flops=flops_at(r["step"]),
                                          **{k: r.get(k) for k in ("loss", "mlm_loss", "disc_loss")})
-                                    for r in records])
+                                    for r in records if "goodput" not in r])  # not each session's time split
   return dict(scale=study.scale, budget_steps=study.budget_steps, budget_flops=budget, reference=plan.REFERENCE,
               objectives=objectives, floors=floors)
