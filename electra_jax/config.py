@@ -33,8 +33,9 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
       attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
-      # Run the encoder layers as one lax.scan: the compiler builds one layer instead of num_layers copies (shorter
-      # compiles for deep models); parameters keep their per-layer names, so checkpoints and exports are unchanged.
+      # Run the encoder layers as one lax.scan: the compiler builds one layer instead of num_layers copies; parameters
+      # keep their per-layer names, so checkpoints and exports are unchanged. On Base (v3-8) it took more than twice
+      # the memory and compiled no faster (docs/tpu.md): check the fit with electra-compile before turning it on.
       scan_layers=False,
   ))
 
