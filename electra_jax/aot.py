@@ -12,8 +12,10 @@ import jax
 import jax.numpy as jnp
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# libtpu's words when a program's temporaries exceed the HBM left for them.
-_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+# libtpu's words when a program does not fit: its temporaries exceed the HBM left for them (found early), or its
+# whole plan exceeds the HBM (found late, after the costly passes).
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"
+                  r"|Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,8 @@ def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
     found = _OOM.search(str(e))
     if "RESOURCE_EXHAUSTED" not in str(e) or not found:
       raise
-    need, need_unit, have, have_unit = found.groups()
+    groups = found.groups()
+    need, need_unit, have, have_unit = groups[:4] if groups[0] is not None else groups[4:]
     raise OutOfMemory(name, int(float(need) * UNITS[need_unit]), int(float(have) * UNITS[have_unit]),
                       " ".join(str(e).split())) from None
   t2 = time.perf_counter()
