@@ -100,11 +100,11 @@ def _libtpu_environment(accelerator_type: str):
 
 def _torus(chips: int, dims: int) -> tuple[int, ...]:
   """The chips' shape: 2-D slices as near-square as powers of two go (8 -> 2x4, 32 -> 4x8), 3-D ones from 2x2x1 by
-  doubling z, then y, then x (16 -> 2x2x4, 64 -> 4x4x4), as Cloud TPU lays them out."""
+  2x2x2 by doubling z, then y, then x (16 -> 2x2x4, 32 -> 2x4x4, 64 -> 4x4x4), as Cloud TPU lays them out."""
   if dims == 2:
     a = 2 ** (int(math.log2(chips)) // 2)
     return (a, chips // a)
-  shape = [min(chips, 2), min(max(chips // 2, 1), 2), 1]
+  shape = [min(chips, 2), min(max(chips // 2, 1), 2), 2 if chips >= 8 else 1]
   axis = 2
   while math.prod(shape) < chips:
     shape[axis] *= 2

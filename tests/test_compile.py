@@ -37,6 +37,8 @@ def test_accelerator_types_describe_their_slices(tpu, devices, hosts):
   assert len(s.devices()) == devices
   assert "TPU_ACCELERATOR_TYPE" not in os.environ  # programs started later do not take this machine for a TPU VM
   assert topology.parse("v5litepod-16") == topology.parse("v5e-16")
+  assert [topology.parse(f"v4-{2 * c}").shape for c in (4, 8, 16, 32, 64, 128)] == [
+      (2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8)]  # Cloud TPU's v4/v5p slice shapes
 
 
 @pytest.mark.slow
