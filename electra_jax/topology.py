@@ -99,8 +99,9 @@ def _libtpu_environment(accelerator_type: str):
 
 
 def _torus(chips: int, dims: int) -> tuple[int, ...]:
-  """The chips' shape: 2-D slices as near-square as powers of two go (8 -> 2x4, 32 -> 4x8), 3-D ones 2x2x1 for 4 chips, then from
-  2x2x2 by doubling z, then y, then x (16 -> 2x2x4, 32 -> 2x4x4, 64 -> 4x4x4), as Cloud TPU lays them out."""
+  """The chips' shape: 2-D slices as near-square as powers of two go (8 -> 2x4, 32 -> 4x8); 3-D ones 2x2x1 for 4
+  chips, then from 2x2x2 by doubling z, then y, then x (16 -> 2x2x4, 32 -> 2x4x4, 64 -> 4x4x4), as Cloud TPU lays
+  them out."""
   if dims == 2:
     a = 2 ** (int(math.log2(chips)) // 2)
     return (a, chips // a)
