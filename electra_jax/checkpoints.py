@@ -301,13 +301,11 @@ def checksums(tree) -> dict:
 
 
 def latest_step(workdir: str) -> int | None:
-  """The newest step workdir/checkpoints holds (an unfinished save is none), or None. Read before any
-  CheckpointManager exists: one that is closed just before an error exit can leave Orbax's signalling thread printing
-  a traceback at interpreter shutdown."""
-  directory = epath.Path(storage.absolute(workdir)) / "checkpoints"
-  if not directory.is_dir():
-    return None
-  return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=None)
+  """The newest complete step workdir/checkpoints holds, or None: an unfinished save is none (locally still named
+  <step>.orbax-checkpoint-tmp*; on gs:// a <step>/ without its commit_success.txt, as a save cut off by a lost store
+  leaves it). Read before any CheckpointManager exists: one that is closed just before an error exit can leave
+  Orbax's signalling thread printing a traceback at interpreter shutdown."""
+  return max(ocp.path.step.checkpoint_steps(epath.Path(storage.absolute(workdir)) / "checkpoints"), default=None)
 
 
 def save_params(directory: str, params):

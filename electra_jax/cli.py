@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 from absl import app, flags, logging
 import ml_collections
 
-from electra_jax import packages, storage
+from electra_jax import outage, packages, storage
 
 USER_ERRORS = (ValueError, OSError, FloatingPointError, packages.MissingPackage)
 HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")
@@ -87,6 +87,7 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
   if any(isinstance(v, str) and v.startswith("gs://") for h in own for v in _values(h.value)):
     packages.require("gcsfs", f"{command} with gs:// paths")
     storage.check_reachable()
+    outage.watch(command)  # from now on, a store that stops answering ends the command in one line
 
 
 def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags.FlagHolder],

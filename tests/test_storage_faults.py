@@ -1,0 +1,64 @@
+"""Cloud Storage stops answering in the middle of a checkpoint save (a fake-gcs-server killed): electra-pretrain ends
+within the bound ($ELECTRA_JAX_STORAGE_TIMEOUT_S) in one line, exit 1, no retry tracebacks; with the server back
+(the same objects), the same command resumes from the newest complete checkpoint, never from the half-written one."""
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import fake_gcs, pretrain_cli
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "faults"
+TIMEOUT_S = 6
+FLAGS = ("--config.train.num_steps=12", "--config.train.checkpoint_every=4", "--config.train.log_every=1",
+         "--config.train.eval_every=12")
+
+
+def _cmd(config, workdir):
+  return [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
+          f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *FLAGS]
+
+
+def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, tmp_path):
+  config = tiny_data[0]
+  store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
+  try:
+    env = pretrain_cli.env(STORAGE_EMULATOR_HOST=store.host, ELECTRA_JAX_STORAGE_TIMEOUT_S=str(TIMEOUT_S))
+    workdir = f"gs://{BUCKET}/run"
+    log = tmp_path / "run.log"
+    with open(log, "w", encoding="utf-8") as f:
+      proc = subprocess.Popen(_cmd(config, workdir), cwd=pretrain_cli.ROOT, env=env, stdout=f, stderr=f)
+    deadline = time.time() + 300
+    while not store.names("run/checkpoints/8/"):  # the second save has begun
+      assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(0.02)
+    store.kill()
+    killed = time.time()
+    code = proc.wait(timeout=120)
+    took = time.time() - killed
+    out = log.read_text()
+    last = out.strip().splitlines()[-1]
+    print(f"store killed during save 8: exit {code} after {took:.1f} s: {last}")
+    assert code == 1 and took < TIMEOUT_S + 15, out[-3000:]
+    assert re.fullmatch(rf"electra-pretrain: error: Cloud Storage \({store.host}\) has not answered for {TIMEOUT_S} s "
+                        rf"\(ELECTRA_JAX_STORAGE_TIMEOUT_S={TIMEOUT_S}\): stopped; what was complete before is kept "
+                        r"\(a checkpoint or upload cut off midway is never read as complete\): run the same command "
+                        "again once the store answers", last), last
+    assert "Traceback" not in out, out[-3000:]
+
+    store.start()
+    names = store.names("run/checkpoints/")
+    complete = sorted({int(p[2]) for p in (n.split("/") for n in names) if p[3:] == ["commit_success.txt"]})
+    print(f"complete checkpoints: {complete}; 8 {'complete' if 8 in complete else 'half-written'}")
+    assert complete and complete[-1] in (4, 8)
+    rerun = subprocess.run(["timeout", "-k", "10", "300", *_cmd(config, workdir)], cwd=pretrain_cli.ROOT, env=env,
+                           capture_output=True, text=True, check=False)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resume from the workdir's newest checkpoint, step {complete[-1]}" in rerun.stdout + rerun.stderr
+    assert {f"run/checkpoints/{s}/commit_success.txt" for s in (4, 8, 12)} <= store.names("run/checkpoints/")
+  finally:
+    store.kill()
