@@ -79,6 +79,7 @@ class Checkpointer:
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
+    self._state_bytes = 0  # the size of the state being saved
     self._tokenizer = prepared.fingerprint(tokenizer_path) if tokenizer_path else None
     if read_only:  # every option Orbax would otherwise turn off with a warning each
       options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
@@ -121,6 +122,7 @@ class Checkpointer:
     if not (force or self._manager.should_save(step)):
       return False
     data = dict(extra or {}, **{TOKENIZER_KEY: self._tokenizer})
+    self._state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))  # what a full disk's line says it needs
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(
@@ -226,8 +228,12 @@ class Checkpointer:
     """The one-line error of a failed save, once its temporary directories are gone: nothing half-written remains,
     whichever thread (the step loop's save, Orbax's background commit, close) saw the failure first."""
     if self._failure is None:
-      self._failure = OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}); the earlier "
-                              "checkpoints are intact: free space or fix the cause, then re-run to resume")
+      space = ""
+      if storage.disk_full(e) and not storage.is_remote(self.directory):
+        space = (f"; no space: a checkpoint needs about {storage.size(self._state_bytes)}, and its disk has "
+                 f"{storage.size(storage.free_space(self.directory))} free")
+      self._failure = OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}{space}); the "
+                              "earlier checkpoints are intact: free space or fix the cause, then re-run to resume")
       try:
         self._manager.wait_until_finished()  # the save's other threads stop; the same failure is raised again
       except Exception:  # pylint: disable=broad-except

@@ -98,8 +98,11 @@ def write(path, data: bytes | str):
   try:
     tmp.write_bytes(data)
     tmp.replace(path)
-  except BaseException:
+  except BaseException as e:
     tmp.unlink(missing_ok=True)  # e.g. disk full: no partial temporary stays behind
+    if isinstance(e, OSError) and e.errno in DISK_FULL:
+      raise OSError(e.errno, f"{e.strerror}: writing {path} needs {size(len(data))}, and its disk has "
+                    f"{size(free_space(path))} free") from e
     raise
 
 
@@ -155,13 +158,32 @@ def refuse_overlap(output, inputs: Iterable[tuple[str, str]], name: str = "outpu
                        "apart from what it reads")
 
 
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # disk full, quota, file size limit
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # disk full, quota: where free space is the remedy
+NO_SPACE = (*DISK_FULL, errno.EFBIG)  # and the file size limit
 
 
 def no_space(e: Exception) -> bool:
   """Whether `e` is a write that ran out of space. Some writers (ArrayRecord, safetensors) report the OS error in
   their words only; TFDS may re-raise an OSError without its errno."""
   return getattr(e, "errno", None) in NO_SPACE or any(os.strerror(n) in str(e) for n in NO_SPACE)
+
+
+def disk_full(e: Exception) -> bool:
+  """Whether `e` is a write that found its disk (or quota) full, however its writer words it."""
+  return getattr(e, "errno", None) in DISK_FULL or any(os.strerror(n) in str(e) for n in DISK_FULL)
+
+
+def free_space(path) -> int:
+  """The bytes free on the local disk that holds (or would hold) `path`."""
+  path = os.path.abspath(os.fspath(path))
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return shutil.disk_usage(path).free
+
+
+def size(n: int) -> str:
+  """A byte count in words: 512 bytes, 3.5 KiB, 1.2 MiB."""
+  return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
 def _mib(n: int) -> str:

@@ -58,8 +58,11 @@ def writing(dataset_dir: str):
   except (OSError, RuntimeError) as e:
     if not storage.no_space(e):
       raise
-    raise OSError(f"writing the dataset {dataset_dir} failed, no space ({' '.join(str(e).split())}): nothing of it "
-                  "was kept; free space or fix the cause, then re-run") from e
+    # Measured once TFDS has deleted what it wrote: the space the dataset needs is more than this.
+    free = f"; it needs more than the {storage.size(storage.free_space(parent))} free on its disk" if (
+        storage.disk_full(e)) else ""
+    raise OSError(f"writing the dataset {dataset_dir} failed, no space ({' '.join(str(e).split())}{free}): nothing "
+                  "of it was kept; free space or fix the cause, then re-run") from e
   finally:
     os.unlink(mark)
     for d in (parent, os.path.dirname(parent)):  # left empty by a failed build
