@@ -1,6 +1,6 @@
 """One file-system layer for local paths and gs:// alike: etils.epath (over gcsfs for gs://, as Orbax's own paths
-are), plus what epath lacks: recursive globs, atomic writes, directories put in place whole, local copies of
-remote datasets. No TensorFlow here: the model, step and checkpoint code import this module.
+are), plus what epath lacks: recursive globs, atomic writes, directories put in place whole, local copies of the
+files of remote datasets that a host reads. No TensorFlow here: the model, step and checkpoint code import this module.
 
 What Cloud Storage guarantees, and what follows: one object's upload is atomic (readers see the old object or the
 new one, never a part), so a file is replaced by writing it in place. There are no directories, only name
@@ -14,6 +14,7 @@ called by every entry point before any file is touched, points each library on t
 import contextlib
 import errno
 import glob as glob_lib
+import hashlib
 import os
 import re
 import shutil
@@ -241,32 +242,42 @@ def cache_dir() -> str:
   return os.environ.get("ELECTRA_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "electra_jax")
 
 
-def local_dir(directory: str, key_file: str) -> str:
-  """`directory` itself if local; else a copy of it under cache_dir(), downloaded once (again when `key_file`, a
-  small file that changes with the content, differs from the cached one's). For readers that cannot read gs://
-  (ArrayRecord's C++ reader). Each process downloads its own copy: no host waits on another's I/O."""
-  if not is_remote(directory):
-    return directory
-  local = os.path.join(cache_dir(), directory.replace("://", "/", 1))
-  key = (epath.Path(directory) / key_file).read_bytes()
-  cached = os.path.join(local, key_file)
-  if os.path.exists(cached) and epath.Path(cached).read_bytes() == key:
+class LocalCopy:
+  """A local mirror of the remote `directory`, file by file, each fetched when first asked for: for readers that take
+  local paths only (ArrayRecord's C++ reader), so that a host fetches just the files it reads. It lies under
+  cache_dir(), one directory per version of `directory` (named by the SHA-256 of `key_file`, a small file that
+  changes with the content); making it deletes the copies of other versions. Processes of one host share it: each
+  file is fetched into a temporary and renamed into place."""
+
+  def __init__(self, directory: str, key_file: str):
+    self.remote = directory
+    key = hashlib.sha256((epath.Path(directory) / key_file).read_bytes()).hexdigest()[:16]
+    base = os.path.join(cache_dir(), directory.replace("://", "/", 1))
+    self.path = os.path.join(base, key)
+    os.makedirs(self.path, exist_ok=True)
+    for entry in os.listdir(base):  # an earlier version's copy, or a whole-directory copy of older code
+      if entry != key:
+        old = os.path.join(base, entry)
+        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+
+  def names(self) -> list[str]:
+    """The remote directory's files, relative to it."""
+    return _files(self.remote)
+
+  def fetch(self, name: str) -> str:
+    """The local path of file `name` (relative), fetched first unless it is here."""
+    local = os.path.join(self.path, name)
+    if not os.path.exists(local):
+      os.makedirs(os.path.dirname(local), exist_ok=True)
+      remove_leftovers(local)
+      tmp = temp_path(local)
+      try:
+        copy_file(epath.Path(self.remote) / name, tmp)
+        os.replace(tmp, local)
+      finally:
+        if os.path.exists(tmp):
+          os.unlink(tmp)
     return local
-  os.makedirs(os.path.dirname(local), exist_ok=True)
-  remove_leftovers(local)
-  tmp = temp_path(local)
-  try:
-    copy_tree(directory, tmp, last=key_file)
-    if os.path.exists(local):
-      shutil.rmtree(local, ignore_errors=True)  # stale; another process may be replacing it as well
-    try:
-      os.replace(tmp, local)
-    except OSError:  # another process put its copy in place first
-      if not (os.path.exists(cached) and epath.Path(cached).read_bytes() == key):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return local
 
 
 # --- Temporaries that name their writer ------------------------------------------------------------------------------

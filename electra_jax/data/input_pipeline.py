@@ -2,13 +2,17 @@
 and `to_global`, the one place where host numpy becomes global jax arrays.
 
 The dataset is array_record, read by random access (ArrayRecord's reader) with no TensorFlow in the process. Global
-batch b is a pure function of (seed, b), and a host reads only its rows of it, so the iterator's whole state is
-{"step": b}, restoring is O(1), and a resumed run sees bit-identical batches, on any number of hosts. (A tf.data
+batch b is a pure function of (seed, b), and a host reads only its rows of it, which lie in its share of the
+shards when the shards allow (TrainIterator), so the iterator's whole state is {"step": b}, restoring is O(1), a
+resumed run sees bit-identical batches on any number of hosts, and a host fetches from gs:// only the shards it
+reads. (A tf.data
 iterator checkpoint stores its shuffle buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
 import concurrent.futures
 import functools
+import math
 import os
+import threading
 from typing import Iterator
 
 import jax
@@ -26,27 +30,40 @@ class Reader:
   """Examples of one split by index, read a batch at a time through ArrayRecord's own reader (one per shard, no
   read-ahead: random access) and parsed without TensorFlow: the records are tf.train.Example protos, parsed with the
   proto module TFDS ships. (TFDS's data source costs as much again in per-batch key bookkeeping, its decoded reads
-  ~2x more.)"""
+  ~2x more.) A shard is opened when first read; of a gs:// dataset it is fetched then, into a local copy
+  (ArrayRecord's reader takes local paths only), so a host fetches only the shards it reads."""
 
   def __init__(self, dataset_dir: str, split: str = "train"):
-    # ArrayRecord's reader takes local paths only: a gs:// dataset is read from a local copy (metadata.json changes
-    # whenever electra-prepare rebuilds it).
-    builder = tfds.builder_from_directory(storage.local_dir(dataset_dir, "metadata.json"))
+    self._copy = storage.LocalCopy(dataset_dir, "metadata.json") if storage.is_remote(dataset_dir) else None
+    if self._copy:  # the dataset's description (dataset_info.json, features.json, metadata.json), not its shards
+      for name in self._copy.names():
+        if ".array_record-" not in name:
+          self._copy.fetch(name)
+    builder = tfds.builder_from_directory(self._copy.path if self._copy else dataset_dir)
     info = builder.info.splits[split]
     self.split = split
     self.seq_len = builder.info.features["input_ids"].shape[0]
     self.num_examples = info.num_examples
-    self._shards = [array_record_module.ArrayRecordReader(os.path.join(builder.data_dir, f),
-                                                          options="readahead_buffer_size:0",
-                                                          file_reader_buffer_size=32768) for f in info.filenames]
+    self.shard_lengths = list(info.shard_lengths)
+    self._dir, self._files = builder.data_dir, list(info.filenames)
+    self._shards = [None] * len(self._files)
+    self._opening = threading.Lock()  # the prefetch threads share the shards
     self._starts = np.cumsum([0, *info.shard_lengths])[:-1]
+
+  def _shard(self, s: int) -> array_record_module.ArrayRecordReader:
+    with self._opening:
+      if self._shards[s] is None:
+        path = self._copy.fetch(self._files[s]) if self._copy else os.path.join(self._dir, self._files[s])
+        self._shards[s] = array_record_module.ArrayRecordReader(path, options="readahead_buffer_size:0",
+                                                                file_reader_buffer_size=32768)
+      return self._shards[s]
 
   def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     shards = np.searchsorted(self._starts, indices, side="right") - 1
     records = [b""] * len(indices)
     for s in np.unique(shards):
       where = np.flatnonzero(shards == s)
-      for i, record in zip(where, self._shards[s].read((indices[where] - self._starts[s]).tolist())):
+      for i, record in zip(where, self._shard(s).read((indices[where] - self._starts[s]).tolist())):
         records[i] = record
     return self.parse(records)
 
@@ -59,38 +76,47 @@ class Reader:
 class TrainIterator:
   """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len].
 
-  Global batch b is positions [b·B, (b+1)·B) of a stream that runs through the split epoch after epoch, each epoch
-  in its own seeded permutation; host i of n reads only rows [i·B/n, (i+1)·B/n) of it. So the global batches do not
-  depend on the number of hosts (a run on 2 hosts sees the data of a run on 1, and a run can resume on another
-  topology without losing its place), hosts never read the same example in an epoch, and the whole state is
-  {"step": b}.
+  The split's shards are grouped into G lanes of consecutive shards (G = gcd(shards, batch size): one lane when the
+  dataset has a single shard), and each global batch into G equal runs of rows, run l read from lane l: its rows are
+  positions [b·R, (b+1)·R) (R = B/G) of a stream that runs through lane l epoch after epoch, each epoch in its own
+  seeded permutation, cut to the shortest lane's length so that all lanes start their epochs together (TFDS's
+  shards of a split differ by at most one example: an epoch of a longer lane leaves out one, another each epoch).
+  Host i of n reads rows [i·B/n, (i+1)·B/n) of each global batch: when n divides G, those are the rows of its own G/n
+  lanes, so it reads (and, from gs://, fetches) only their shards, 1/n of the data. The global batches do not depend
+  on the number of hosts (a run on 2 hosts sees the data of a run on 1, and a run can resume on another topology
+  without losing its place), no epoch reads an example twice, and the whole state is {"step": b}.
   """
 
   def __init__(self, reader: Reader, global_batch_size: int, seed: int, process_index: int, process_count: int,
                state: dict | None = None, num_threads: int = 2, prefetch: int = 4):
     self._reader = reader
-    self._size = self._reader.num_examples
-    if self._size < global_batch_size:
-      raise ValueError(f"the {reader.split} split has {self._size} examples, fewer than one batch "
+    if reader.num_examples < global_batch_size:
+      raise ValueError(f"the {reader.split} split has {reader.num_examples} examples, fewer than one batch "
                        f"({global_batch_size}); prepare more data")
     self._global_batch = global_batch_size
+    self._lanes = lanes(reader.shard_lengths, global_batch_size)
+    self._lane_length = min(length for _, length in self._lanes)
     per_host = _per_host(global_batch_size, process_count)
-    self._rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
+    rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
+    self._lane, self._row = np.divmod(rows, global_batch_size // len(self._lanes))  # each row's lane, place in it
     self._seed = seed
     self._step = int((state or {}).get("step", 0))
-    self._permutation = functools.lru_cache(maxsize=2)(self._permutation)  # a batch needs at most two epochs
+    self._permutation = functools.lru_cache(maxsize=2 * len(self._lanes))(self._permutation)  # two epochs a batch
     self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and the parse release the GIL
     self._pending = [self._pool.submit(self._batch, self._step + i) for i in range(prefetch)]
 
-  def _permutation(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng((self._seed, epoch)).permutation(self._size)
+  def _permutation(self, epoch: int, lane: int) -> np.ndarray:
+    """The lane's epoch: a permutation of its examples, cut to the common length (so each epoch leaves out others)."""
+    key = (self._seed, epoch) if len(self._lanes) == 1 else (self._seed, epoch, lane)  # one lane: as before lanes
+    return np.random.default_rng(key).permutation(self._lanes[lane][1])[:self._lane_length]
 
   def _batch(self, step: int) -> dict[str, np.ndarray]:
-    epochs, offsets = np.divmod(step * self._global_batch + self._rows, self._size)
+    per_lane = self._global_batch // len(self._lanes)
+    epochs, offsets = np.divmod(step * per_lane + self._row, self._lane_length)
     indices = np.empty_like(offsets)
-    for epoch in np.unique(epochs):  # a batch spans at most two epochs
-      where = epochs == epoch
-      indices[where] = self._permutation(int(epoch))[offsets[where]]
+    for epoch, lane in {(int(e), int(l)) for e, l in zip(epochs, self._lane)}:  # at most two epochs a lane
+      where = (epochs == epoch) & (self._lane == lane)
+      indices[where] = self._lanes[lane][0] + self._permutation(epoch, lane)[offsets[where]]
     return self._reader.read(indices)
 
   def __iter__(self):
@@ -108,6 +134,14 @@ class TrainIterator:
 
   def close(self):
     self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def lanes(shard_lengths: list[int], global_batch_size: int) -> list[tuple[int, int]]:
+  """(first index, length) of each lane: gcd(shards, batch size) runs of consecutive shards."""
+  count = math.gcd(len(shard_lengths), global_batch_size)
+  per_lane = len(shard_lengths) // count
+  starts = np.cumsum([0, *shard_lengths])
+  return [(int(starts[l * per_lane]), int(starts[(l + 1) * per_lane] - starts[l * per_lane])) for l in range(count)]
 
 
 def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
