@@ -1,5 +1,6 @@
 """A fake-gcs-server of one test that can be killed and started again on the same port with the same objects (its
-filesystem backend keeps them in a directory): Cloud Storage that stops answering, then comes back."""
+filesystem backend keeps them in a directory), or paused: Cloud Storage that stops answering, then comes back."""
+import signal
 import subprocess
 import time
 
@@ -40,6 +41,11 @@ class Server:
       except requests.ConnectionError:
         assert self._proc.poll() is None and time.time() < deadline, (self.root / "server.log").read_text()
         time.sleep(0.05)
+
+  def pause(self, paused: bool = True):
+    """Stops the server without closing its port (SIGSTOP: a store that accepts connections but never answers), or
+    lets it go on (SIGCONT)."""
+    self._proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
 
   def kill(self):
     if self._proc is not None:

@@ -1,6 +1,7 @@
 """Cloud Storage stops answering in the middle of a checkpoint save (a fake-gcs-server killed): electra-pretrain ends
 within the bound ($ELECTRA_JAX_STORAGE_TIMEOUT_S) in one line, exit 1, no retry tracebacks; with the server back
-(the same objects), the same command resumes from the newest complete checkpoint, never from the half-written one."""
+(the same objects), the same command resumes from the newest complete checkpoint, never from the half-written one.
+A store that stops answering without closing its port (the server paused) under electra-export ends it the same way."""
 import re
 import subprocess
 import sys
@@ -55,10 +56,26 @@ def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, t
     complete = sorted({int(p[2]) for p in (n.split("/") for n in names) if p[3:] == ["commit_success.txt"]})
     print(f"complete checkpoints: {complete}; 8 {'complete' if 8 in complete else 'half-written'}")
     assert complete and complete[-1] in (4, 8)
+    start = time.time()
     rerun = subprocess.run(["timeout", "-k", "10", "300", *_cmd(config, workdir)], cwd=pretrain_cli.ROOT, env=env,
                            capture_output=True, text=True, check=False)
+    print(f"the rerun resumed and finished in {time.time() - start:.1f} s")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resume from the workdir's newest checkpoint, step {complete[-1]}" in rerun.stdout + rerun.stderr
     assert {f"run/checkpoints/{s}/commit_success.txt" for s in (4, 8, 12)} <= store.names("run/checkpoints/")
+
+    # A store that accepts connections but never answers while electra-export reads the workdir to restore it.
+    store.pause()
+    start = time.time()
+    export = subprocess.run(["timeout", "-k", "10", "120", sys.executable, "-m", "electra_jax.export",
+                             f"--workdir={workdir}", f"--output={tmp_path / 'export'}"], cwd=pretrain_cli.ROOT,
+                            env=env, capture_output=True, text=True, check=False)
+    took = time.time() - start
+    store.pause(False)
+    last = export.stderr.strip().splitlines()[-1]
+    print(f"store stalled under electra-export: exit {export.returncode} after {took:.1f} s: {last}")
+    assert export.returncode == 1 and took < TIMEOUT_S + 30 and not (tmp_path / "export").exists(), export.stderr
+    assert last.startswith(f"electra-export: error: Cloud Storage ({store.host}) has not answered for {TIMEOUT_S} s")
+    assert "Traceback" not in export.stderr, export.stderr[-3000:]
   finally:
     store.kill()
