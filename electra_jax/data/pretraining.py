@@ -2,9 +2,10 @@
 splits train and validation (whole documents held out: every ~1/validation_fraction-th one, the first included).
 
 The config name (data/prepared.py's `config_name`) is a hash of everything that determines the examples (corpus
-settings, tokenizer, seq_len, split, seed), so another input gets another directory and the same input is found prepared. TFDS writes into a temporary
-directory and renames it when complete, so a failed run leaves nothing half-written (`writing`: and a killed one's
-temporary goes at the next run).
+settings, tokenizer, seq_len, split, seed), so another input gets another directory and the same input is found
+prepared. TFDS writes into a temporary directory and renames it when complete, so a failed run leaves nothing
+half-written (`writing`: and a killed one's temporary goes at the next run); readers take a dataset only once its
+dataset_info.json is there.
 """
 import contextlib
 import dataclasses
