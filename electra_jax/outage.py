@@ -9,14 +9,13 @@ shorter outage is ridden out rather than ending in gcsfs's error; TensorStore (O
 minutes and google-cloud-storage (the workdir lock, TensorBoard) for 2 by default.
 
 What was complete before stays: Orbax counts a gs:// checkpoint only once its commit_success.txt is written, last,
-so a save cut off midway is never restored (and is deleted at the next start); a staged upload (storage.staged_dir)
+so a save cut off midway is never restored (the rerun saves that step again); a staged upload (storage.staged_dir)
 writes the file its readers look for last."""
 import os
 import sys
 import threading
 import time
 import urllib.parse
-
 
 TIMEOUT_ENV = "ELECTRA_JAX_STORAGE_TIMEOUT_S"
 TIMEOUT_S = 120.0  # google-cloud-storage's own default deadline: the lock and TensorBoard uploads last as long

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests import fake_gcs, pretrain_cli
+from tests import fake_gcs, helpers, pretrain_cli
 
 pytestmark = pytest.mark.slow
 
@@ -77,5 +77,10 @@ def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, t
     assert export.returncode == 1 and took < TIMEOUT_S + 30 and not (tmp_path / "export").exists(), export.stderr
     assert last.startswith(f"electra-export: error: Cloud Storage ({store.host}) has not answered for {TIMEOUT_S} s")
     assert "Traceback" not in export.stderr, export.stderr[-3000:]
+
+    bad = subprocess.run([sys.executable, "-m", "electra_jax.export", f"--workdir={workdir}",
+                          f"--output={tmp_path / 'export'}"], cwd=pretrain_cli.ROOT, capture_output=True, text=True,
+                         env=dict(env, ELECTRA_JAX_STORAGE_TIMEOUT_S="soon"), timeout=120, check=False)
+    helpers.assert_one_line_error(bad, "ELECTRA_JAX_STORAGE_TIMEOUT_S='soon' must be a number of seconds above 0")
   finally:
     store.kill()
