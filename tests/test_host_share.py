@@ -102,7 +102,7 @@ def test_each_host_fetches_its_share_and_an_epoch_survives_another_host_count(sh
           f"description); fetched by host 0 and 1 of 2: {fetched}; on their disks: {on_disk}")
     for i in range(2):
       assert 0.45 * train <= on_disk[i] - description <= 0.55 * train, (on_disk, train)
-      assert on_disk[i] <= fetched[i] <= on_disk[i] + (32 << 10), (fetched, on_disk)  # + the HTTP exchanges
+      assert on_disk[i] <= fetched[i] <= on_disk[i] + (64 << 10), (fetched, on_disk)  # + the HTTP exchanges
     # The rest of the epoch after a restart on one host, from the step the two reached.
     monkeypatch.setenv("ELECTRA_JAX_CACHE", str(tmp_path / "cache_one"))
     it = input_pipeline.TrainIterator(input_pipeline.Reader(remote), batch, seed, 0, 1, state={"step": steps // 2})
