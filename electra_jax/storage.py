@@ -256,9 +256,10 @@ class LocalCopy:
     self.path = os.path.join(base, key)
     os.makedirs(self.path, exist_ok=True)
     for entry in os.listdir(base):  # an earlier version's copy, or a whole-directory copy of older code
-      if entry != key:
-        old = os.path.join(base, entry)
-        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
+      old = os.path.join(base, entry)
+      with contextlib.suppress(OSError):  # another process of this host may delete it first
+        if entry != key:
+          shutil.rmtree(old) if os.path.isdir(old) else os.unlink(old)
 
   def names(self) -> list[str]:
     """The remote directory's files, relative to it."""
