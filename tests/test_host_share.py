@@ -1,6 +1,7 @@
 """Each host fetches only its share of a gs:// dataset (4 shards, 2 hosts: the bytes the fake-gcs-server sends each,
 counted by a TCP proxy in front of it), and an epoch begun on 2 hosts and finished on 1 after a restart reads no
-example twice and every one of each lane (bar one of a lane longer than the shortest)."""
+example twice and every one of each lane (bar one of a lane longer than the shortest). electra-prepare's default shard
+count gives a pod lanes; a pod whose hosts do not divide them is told which count to prepare."""
 import collections
 import os
 import socket
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from electra_jax import storage
-from electra_jax.data import build, input_pipeline
+from electra_jax.data import build, input_pipeline, pretraining
 
 SHARDS = 4
 
@@ -59,6 +60,44 @@ def sharded(tiny_data, tmp_path_factory):
   config.data.update(data_dir=str(tmp_path_factory.mktemp("sharded")), tokenizer=tiny_data[1].tokenizer_path,
                      num_shards=SHARDS)
   return config, build.build(config)
+
+
+def test_default_shard_count_is_a_power_of_two_of_shards_of_16_mib_or_more(tiny_data, tmp_path, monkeypatch):
+  mib = 1 << 20
+  # (a split's serialized MiB, its shards) at ~450 bytes an example (seq_len 128); TFDS's: 1, 1, 1, 2, 16, 128, 1024
+  for size, count in ((7, 1), (31, 1), (100, 4), (200, 8), (1024, 64), (10 << 10, 256), (100 << 10, 1024)):
+    assert pretraining.num_shards(size * mib, size * mib // 450) == count, size
+  assert pretraining.num_shards(1 << 30, 10) == 8  # no shard without an example
+  for split in ("train", "validation"):  # tiny's data (as the demo's, 7 MiB) stays one shard: the same batches
+    assert len(input_pipeline.Reader(tiny_data[1].dataset_dir, split).shard_lengths) == 1
+  # What electra-prepare writes with data.num_shards=0: with shards of 128 KiB or more, tiny's 0.78 MB train split in 4.
+  monkeypatch.setattr(pretraining, "MIN_SHARD_BYTES", 1 << 17)
+  config = tiny_data[0].copy_and_resolve_references()
+  config.data.update(data_dir=str(tmp_path), tokenizer=tiny_data[1].tokenizer_path)
+  train = input_pipeline.Reader(build.build(config).dataset_dir)
+  assert len(train.shard_lengths) == len(input_pipeline.lanes(train.shard_lengths, config.train.batch_size)) == 4
+
+
+@pytest.mark.parametrize("shards, hosts, index, line", [
+    (1, 2, 0, "Each of the 2 hosts fetches all of the train split of DIR, not 1/2 (shards: 1; lanes at "
+              "train.batch_size=16: 1, not a multiple of 2); prepare it with --config.data.num_shards=2 (or another "
+              "multiple of 2) for each host to fetch only its share (docs/data.md)"),
+    (SHARDS, 8, 0, "fetches 1/4 of the train split of DIR, not 1/8 (shards: 4; lanes at train.batch_size=16: 4, not a "
+                   "multiple of 8); prepare it with --config.data.num_shards=8 "),
+    (1, 2, 1, None),  # host 0 says it for all
+    (SHARDS, 2, 0, None),  # 2 lanes each
+])
+def test_hosts_that_do_not_divide_the_lanes_are_told_which_num_shards_to_prepare(tiny_data, sharded, shards, hosts,
+                                                                                  index, line, caplog):
+  prepared = (tiny_data if shards == 1 else sharded)[1]
+  reader = input_pipeline.Reader(prepared.dataset_dir)
+  assert len(reader.shard_lengths) == shards
+  input_pipeline.TrainIterator(reader, 16, 0, index, hosts).close()
+  assert not caplog.records  # a local dataset: nothing is fetched
+  reader.remote = True  # as a gs:// dataset's reader is (test_each_host_fetches_its_share reads one)
+  input_pipeline.TrainIterator(reader, 16, 0, index, hosts).close()
+  lines = [r.getMessage().replace(prepared.dataset_dir, "DIR") for r in caplog.records]
+  assert (not lines) if line is None else (len(lines) == 1 and line in lines[0]), lines
 
 
 def _bytes_under(path) -> int:

@@ -18,6 +18,7 @@ from typing import Iterator
 import jax
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 from array_record.python import array_record_module
 from tensorflow_datasets.proto import tf_example_generated_pb2
 
@@ -34,7 +35,8 @@ class Reader:
   (ArrayRecord's reader takes local paths only), so a host fetches only the shards it reads."""
 
   def __init__(self, dataset_dir: str, split: str = "train"):
-    self._copy = storage.LocalCopy(dataset_dir, "metadata.json") if storage.is_remote(dataset_dir) else None
+    self.dataset_dir, self.remote = dataset_dir, storage.is_remote(dataset_dir)
+    self._copy = storage.LocalCopy(dataset_dir, "metadata.json") if self.remote else None
     if self._copy:  # the dataset's description (dataset_info.json, features.json, metadata.json), not its shards
       for name in self._copy.names():
         if ".array_record-" not in name:
@@ -99,6 +101,15 @@ class TrainIterator:
     per_host = _per_host(global_batch_size, process_count)
     rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
     self._lane, self._row = np.divmod(rows, global_batch_size // len(self._lanes))  # each row's lane, place in it
+    if reader.remote and process_index == 0 and len(self._lanes) % process_count:  # one line per run
+      shards, share = len(reader.shard_lengths), len(set(self._lane.tolist()))
+      logging.warning(
+          "Each of the %d hosts fetches %s the %s split of %s, not 1/%d (shards: %d; lanes at train.batch_size=%d: "
+          "%d, not a multiple of %d); prepare it with --config.data.num_shards=%d (or another multiple of %d) for "
+          "each host to fetch only its share (docs/data.md)", process_count,
+          "all of" if share == len(self._lanes) else f"{share}/{len(self._lanes)} of", reader.split, reader.dataset_dir,
+          process_count, shards, global_batch_size, len(self._lanes), process_count,
+          -(-shards // process_count) * process_count, process_count)
     self._seed = seed
     self._step = int((state or {}).get("step", 0))
     self._permutation = functools.lru_cache(maxsize=2 * len(self._lanes))(self._permutation)  # two epochs a batch

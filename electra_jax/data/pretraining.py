@@ -17,12 +17,15 @@ import shutil
 import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
+from tensorflow_datasets.core.utils import shard_utils
 
 from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.data import packing
 from electra_jax.data import prepared
 
+MIN_SHARD_BYTES = 16 << 20  # of serialized examples: smaller shards would add files, not lanes a pod needs
+MAX_SHARDS = 256  # a host opens every shard it reads (one file each), and lanes stop at the batch size anyway
 
 
 @dataclasses.dataclass
@@ -71,6 +74,32 @@ def writing(dataset_dir: str):
         os.rmdir(d)
 
 
+def num_shards(total_bytes: int, num_examples: int) -> int:
+  """A split's shard count when data.num_shards is 0: the most shards, a power of two, of at least MIN_SHARD_BYTES
+  each (at most MAX_SHARDS, and one example each), or TFDS's size-based count (64 MiB to 1 GiB each) where that is
+  more. A power of two, so that its gcd with a power-of-two batch size, the number of lanes (input_pipeline.lanes),
+  lets a pod's hosts each fetch only their share; a split under 32 MiB stays one shard, as TFDS writes it."""
+  count = 1
+  while 2 * count <= min(total_bytes // MIN_SHARD_BYTES, num_examples, MAX_SHARDS):
+    count *= 2
+  return max(count, shard_utils.ShardConfig.calculate_number_shards(total_bytes, num_examples))
+
+
+class _Shards(shard_utils.ShardConfig):
+  """TFDS's writer asks this for each split's shard count once the split's size is known."""
+
+  def get_number_shards(self, total_size: int, num_examples: int, uses_precise_sharding: bool = True) -> int:
+    del uses_precise_sharding  # TFDS's writer of this builder is precise
+    return self.num_shards or num_shards(total_size, num_examples)
+
+
+class _Download(tfds.download.DownloadConfig):
+  """A DownloadConfig whose shard count, where it sets none, is `num_shards`'s."""
+
+  def get_shard_config(self) -> shard_utils.ShardConfig:
+    return _Shards(num_shards=self.num_shards)
+
+
 def is_validation(index: int, fraction: float) -> bool:
   """Every ~1/fraction-th document, starting with the first, so even a tiny corpus has a validation document."""
   if fraction <= 0:
@@ -87,6 +116,13 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
   def __init__(self, *, config: PretrainingConfig, **kwargs):
     self.stats = {}
     super().__init__(config=config, **kwargs)
+
+  def download_and_prepare(self, *, download_config: tfds.download.DownloadConfig | None = None, **kwargs):
+    """TFDS's, each split in `num_shards` shards where download_config sets no count (TFDS's own count gives a
+    dataset under 128 MiB one shard: one lane, which every host of a pod would fetch whole)."""
+    config = download_config or tfds.download.DownloadConfig()
+    super().download_and_prepare(
+        download_config=_Download(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}), **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
     seq = (self.builder_config.seq_len,)
