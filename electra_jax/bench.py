@@ -138,7 +138,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
   prepared = None
   if data_dir or pipeline:
     from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top
-    prepared = prepared_lib.load(config)
+    config, prepared = prepared_lib.find(config)  # the model built for the data as it was prepared
   special = prepared.special_ids if prepared else SpecialIds()
   device = jax.devices()[0]
   exp = experiment.create(config, special, word_starts=prepared.word_starts if prepared else None)

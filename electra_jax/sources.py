@@ -1,8 +1,10 @@
 """What a weights source is (a pre-training workdir, a params export or an HF ELECTRA directory: train.init_from,
 electra-finetune's init_from, electra-export's --workdir) and which files it holds, from its files alone: nothing here
 reads weights or builds a model (weights.py loads them), so electra-prepare finds init_from's tokenizer without the
-model stack. `with_init_tokenizer` is the one place that decides which tokenizer a pre-training run uses."""
+model stack. `resolve` describes a source once (a run's plan holds it); `with_init_tokenizer` is the one place that
+decides which tokenizer a pre-training run uses."""
 import copy
+import dataclasses
 import json
 import os
 
@@ -38,31 +40,54 @@ def kind(source: str) -> str:
 
 
 def tokenizer(source: str) -> str:
-  """The tokenizer file `source`'s weights were trained with: an HF directory's sentencepiece.model or vocab.txt, or
-  the one its config.json names (a workdir's or a params export's)."""
-  if kind(source) == "hf":
-    return storage.absolute(hf_tokenizer.tokenizer_file(source))
-  return prepared.tokenizer_path(workdir_lib.load_config(source))
+  """The tokenizer file `source`'s weights were trained with."""
+  return resolve(source).tokenizer
 
 
-def inputs(source: str) -> list[tuple[str, str]]:
-  """(path, what it is) of everything weights.load(source) reads, for storage.refuse_overlap: a workdir's
-  config.json, checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole
-  directory."""
-  what = kind(source)
-  if what == "hf":
-    return [(source, "the HF directory to load")]
-  paths = [(source, f"the {what} to load")] if what == "params" else [
-      (os.path.join(source, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
-  return paths + [(tokenizer(source), "its tokenizer")]
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A weights source as its files describe it: what a run's plan decides once and weights.py loads from."""
+  path: str
+  kind: str  # "hf" | "params" | "workdir"
+  tokenizer: str  # the tokenizer file its weights were trained with
+  generator: str = ""  # an HF discriminator's generator, kept in a directory apart (Google's releases)
+  config: ml_collections.ConfigDict | None = None  # a workdir's or params export's config.json (HF: None)
+
+  def inputs(self) -> list[tuple[str, str]]:
+    """(path, what it is) of everything loading it reads, for storage.refuse_overlap: a workdir's config.json,
+    checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory."""
+    if self.kind == "hf":
+      return [(self.path, "the HF directory to load")]
+    paths = [(self.path, f"the {self.kind} to load")] if self.kind == "params" else [
+        (os.path.join(self.path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
+    return paths + [(self.tokenizer, "its tokenizer")]
 
 
-def with_init_tokenizer(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`config` with data.tokenizer set to train.init_from's tokenizer when it names none: continued pre-training keeps
-  the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve it, so they agree."""
-  if config.data.tokenizer or not config.train.init_from:
+def resolve(path: str, generator: str = "") -> Source:
+  """The source at `path` (with an HF discriminator, `generator`: its generator's directory); a one-line error where
+  it is none, or where a generator goes with another kind."""
+  what = kind(path)
+  if generator and what != "hf":
+    raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
+  if what == "hf":  # its sentencepiece.model or vocab.txt
+    return Source(path, what, storage.absolute(hf_tokenizer.tokenizer_file(path)), generator)
+  config = workdir_lib.load_config(path)
+  return Source(path, what, prepared.tokenizer_path(config), config=config)
+
+
+def init_source(config: ml_collections.ConfigDict) -> Source | None:
+  """A pre-training config's train.init_from (with train.init_from_generator), or None."""
+  train = config.train
+  return resolve(train.init_from, train.init_from_generator) if train.init_from else None
+
+
+def with_init_tokenizer(config: ml_collections.ConfigDict, init: Source | None) -> ml_collections.ConfigDict:
+  """`config` with data.tokenizer set to the tokenizer of `init` (its init_source) when it names none: continued
+  pre-training keeps the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve
+  it, so they agree."""
+  if config.data.tokenizer or init is None:
     return config
-  theirs = tokenizer(config.train.init_from)
+  theirs = init.tokenizer
   own = prepared.tokenizer_path(config)
   if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(theirs):
     return config  # the same vocabulary already prepared this config's data

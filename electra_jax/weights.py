@@ -1,9 +1,9 @@
-"""Where weights come from: the one resolver of a pre-training workdir, a params-only export or an HF ELECTRA
-directory (sources.py tells which, from its files) into (config, params, tokenizer), used by export, fine-tuning and
-train.init_from (a workdir's whole training state for train.init_from_state), and the params-only export itself (config.json + params/, an Orbax
-checkpoint of the parameter tree without optimiser state).
+"""Where weights come from: the one reader of a pre-training workdir, a params-only export or an HF ELECTRA directory
+(a sources.Source: which, and its tokenizer, told from its files) into (config, params, tokenizer), used by export,
+fine-tuning and train.init_from (a workdir's whole training state for train.init_from_state), and the params-only
+export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
 
-A new weight format is one more branch in `load`."""
+A new weight format is one more branch in `read`."""
 import os
 from typing import Any, NamedTuple
 
@@ -15,7 +15,6 @@ import optax
 
 from electra_jax import checkpoints, modeling, objectives, optim, sharding, sources, state, storage
 from electra_jax import workdir as workdir_lib
-from electra_jax.data import prepared
 from electra_jax.hf import directory as hf_directory
 
 
@@ -41,25 +40,26 @@ def abstract(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None =
 
 
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
-  """The weights in `source` (a workdir's checkpoint at `step`, default the latest intact one), on this host's devices
-  (HF weights: host arrays). `generator`: an HF generator directory stored apart from an HF discriminator (Google's
-  releases keep them in two directories). with_params=False reads the architecture and tokenizer only."""
-  what = sources.kind(source)
-  if what == "hf":
-    config, params = hf_directory.import_hf(source, generator_dir=generator)
-    return Weights(config, params if with_params else None, config.data.tokenizer)
-  if generator:
-    raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
-  config = workdir_lib.load_config(source)
-  tokenizer = prepared.tokenizer_path(config)
+  """The weights in the directory `source` (sources.py tells its kind; `generator`: an HF generator directory stored
+  apart from an HF discriminator, as Google's releases keep them): `read` of it."""
+  return read(sources.resolve(source, generator or ""), step, with_params)
+
+
+def read(source: sources.Source, step: int | None = None, with_params: bool = True) -> Weights:
+  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), on this host's
+  devices (HF weights: host arrays). with_params=False reads the architecture and tokenizer only."""
+  if source.kind == "hf":
+    config, params = hf_directory.import_hf(source.path, source.generator or None, source.tokenizer)
+    return Weights(config, params if with_params else None, source.tokenizer)
+  config = source.config
   if not with_params:
-    return Weights(config, None, tokenizer)
+    return Weights(config, None, source.tokenizer)
   mesh = sharding.create_mesh(**config.mesh)
-  if what == "params":
-    return Weights(config, checkpoints.restore_params(os.path.join(source, sources.PARAMS_DIR), abstract(config, mesh)),
-                   tokenizer)
+  if source.kind == "params":
+    return Weights(config, checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR),
+                                                      abstract(config, mesh)), source.tokenizer)
   target = abstract(config, mesh, optim.create(config.train)[0])
-  return Weights(config, _restore(source, config, target, step).params, tokenizer)
+  return Weights(config, _restore(source.path, config, target, step).params, source.tokenizer)
 
 
 def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int | None = None) -> state.TrainState:
@@ -74,30 +74,30 @@ def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int 
     ckpt.close()
 
 
-def for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, source: str, generator: str = ""):
-  """The weights in `source` (with an HF discriminator, `generator`'s: a separate generator directory) placed on
-  `sharded`'s mesh, after checking that they fit `config` (the plan checked their tokenizer)."""
-  loaded = load(source, generator=generator or None)
-  _check_fit(source, abstract(config), loaded.params,
+def params_onto(source: sources.Source, sharded: state.Sharded):
+  """The weights in `source` placed on `sharded`'s mesh, after checking that they fit its parameters (the plan
+  checked their tokenizer)."""
+  loaded = read(source)
+  _check_fit(source.path, sharded.abstract().params, loaded.params,
              "model sizes, vocabulary, embedding_sharing and objective must match")
   return jax.device_put(loaded.params, sharded.state.params)
 
 
-def state_for_config(config: ml_collections.ConfigDict, sharded: state.Sharded, source: str) -> state.TrainState:
+def state_onto(source: sources.Source, sharded: state.Sharded, num_steps: int) -> state.TrainState:
   """train.init_from_state: the whole TrainState of the pre-training workdir `source` (its latest intact checkpoint:
   parameters, optimiser state and step) placed on `sharded`'s mesh, so that a second phase (e.g. at a longer
   data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where its optimiser
-  state does not fit this run's optimiser, or where its step leaves no step to train (the plan checked that `source`
-  is a workdir with the data's tokenizer)."""
-  saved = load(source, with_params=False)
+  state does not fit this run's optimiser, or where its step leaves no step to train up to `num_steps` (the plan
+  checked that `source` is a workdir with the data's tokenizer)."""
+  config = source.config
   target = sharded.abstract()
-  _check_fit(source, target, abstract(saved.config, tx=optim.create(saved.config.train)[0]),
+  _check_fit(source.path, target, abstract(config, tx=optim.create(config.train)[0]),
              "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the parameters' "
              "shapes")
-  restored = _restore(source, saved.config, target)
-  step, num_steps = int(restored.step), config.train.num_steps
+  restored = _restore(source.path, config, target)
+  step = int(restored.step)
   if step >= num_steps:
-    raise ValueError(f"train.init_from={source} is at step {step}, which leaves nothing to train up to "
+    raise ValueError(f"train.init_from={source.path} is at step {step}, which leaves nothing to train up to "
                      f"train.num_steps={num_steps}: with train.init_from_state, train.num_steps counts the steps of "
                      "both runs (raise it)")
   return restored
@@ -120,9 +120,10 @@ def _shapes(tree) -> dict:
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
   """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
   params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
-  storage.refuse_overlap(out_dir, sources.inputs(workdir), "out_dir")
+  source = sources.resolve(workdir)
+  storage.refuse_overlap(out_dir, source.inputs(), "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
-  loaded = load(workdir, step)
+  loaded = read(source, step)
   with storage.staged_dir(out_dir, last="config.json") as tmp:  # sources.kind() looks for config.json first
     checkpoints.save_params(os.path.join(tmp, sources.PARAMS_DIR), loaded.params)
     workdir_lib.write_config(tmp, loaded.config)
@@ -131,8 +132,9 @@ def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite
 
 def export_hf(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
   """A workdir's checkpoint (`step`, default: the latest) as an HF ELECTRA directory at `output`."""
-  storage.refuse_overlap(output, sources.inputs(workdir), "--output")  # before the (slow) restore
+  source = sources.resolve(workdir)
+  storage.refuse_overlap(output, source.inputs(), "--output")  # before the (slow) restore
   storage.refuse_existing(output, overwrite)
-  loaded = load(workdir, step)
+  loaded = read(source, step)
   hf_directory.export(loaded.config, loaded.params, output, overwrite=overwrite, tokenizer_path=loaded.tokenizer)
 

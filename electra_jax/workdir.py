@@ -117,7 +117,7 @@ def empty(workdir: str):
 
 
 def finetune_inputs(ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-  """What a fine-tuning run reads (`init_inputs`: init_from's, sources.inputs), which its workdir (replaced with
+  """What a fine-tuning run reads (`init_inputs`: init_from's, sources.Source.inputs), which its workdir (replaced with
   overwrite) must keep apart from (storage.refuse_overlap)."""
   task = ft.task
   paths = init_inputs + ([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else [])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import finetune, modeling
+from electra_jax import finetune, modeling, weights
 from electra_jax.finetune import model as model_lib, tasks
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
@@ -99,7 +99,8 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
 def test_loaded_encoder_is_the_discriminator(workdir):
   """The classifier's encoder, loaded from a gdes checkpoint, computes the discriminator's hidden states."""
   path, config, params = workdir
-  src_config, src_params, _ = model_lib.load_source(_config(init_from=path))
+  loaded = weights.load(path)
+  src_config, src_params = loaded.config, loaded.params
   mc = modeling.ModelConfig.from_config(src_config)
   ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from electra_jax import finetune
-from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import model as model_lib, plan as plan_lib
 from tests import helpers
 
 
@@ -24,14 +24,16 @@ def _config(init_from: str, **task):
   return c
 
 
-def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(workdir):
+def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(workdir, tmp_path):
   path, config = workdir
   c = _config(path)
-  pre_config, pre_params, pre_tok = model_lib.load_source(c)
+  pre = plan_lib.resolve(c, str(tmp_path / "pre"))
+  pre_config, pre_params = model_lib.load_source(c, pre.init, pre.tokenizer)
   c.random_init = True
-  rnd_config, rnd_params, rnd_tok = model_lib.load_source(c)
+  rnd = plan_lib.resolve(c, str(tmp_path / "rnd"))
+  rnd_config, rnd_params = model_lib.load_source(c, rnd.init, rnd.tokenizer)
   assert rnd_params is None and pre_params is not None
-  assert rnd_tok == pre_tok
+  assert rnd.tokenizer == pre.tokenizer
   assert rnd_config.model.to_dict() == pre_config.model.to_dict() == config.model.to_dict()
 
 

@@ -32,15 +32,15 @@ def _config(tiny_data, init_from="", **train):
 
 def test_the_update_floor_and_the_evaluation_cadence(tiny_data):
   c = _config(tiny_data, min_steps=100)
-  s = experiment.make_setup(c)
+  s = experiment.make_setup(c, None, c.tokenizer)
   assert s.steps_per_epoch == 10 and s.num_steps == 100  # 3 epochs would be 30 updates
   assert s.eval_every == 10  # every epoch (longer than 5% of the run)
   c.task.num_epochs = 50.0
-  s = experiment.make_setup(c)
+  s = experiment.make_setup(c, None, c.tokenizer)
   assert s.num_steps == 500 and s.eval_every == 25  # 5% of the run (longer than an epoch)
   assert s.learning_rate == 3e-4  # learning_rate=0: the paper's rate by width (Small's for narrower ones)
   c.task.dev_fraction = 0.0
-  assert experiment.make_setup(c).eval_every == 500  # no dev fold: the last model, evaluated once
+  assert experiment.make_setup(c, None, c.tokenizer).eval_every == 500  # no dev fold: the last model, evaluated once
 
 
 def test_the_paper_rate_for_each_encoder_size():
@@ -82,9 +82,10 @@ def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp
   params = helpers.save_workdir(config, path, step=2)
   L = config.model.num_layers
   c = _config(tiny_data, init_from=path, reinit_layers=1)
-  s = experiment.make_setup(c)
+  plan = plan_lib.resolve(c, str(tmp_path / "ft"))
+  s = experiment.make_setup(c, plan.init, plan.tokenizer)
   ckpt = checkpoints.Checkpointer(str(tmp_path / "ft"), c, s.tokenizer_path)
-  state, _ = loop.restore_or_init(s, ckpt, plan_lib.resolve(c, str(tmp_path / "ft")))
+  state, _ = loop.restore_or_init(s, ckpt, plan)
   ckpt.close()
   encoder = jax.device_get(state.params["electra"])
   pretrained = jax.device_get(model_lib.encoder_params(config, params))

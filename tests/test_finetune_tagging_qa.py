@@ -62,7 +62,7 @@ def _config(module, overrides: dict):
 
 def _our_logits(c, workdir, step: int):
   """The setup of config c and the eval split's outputs of the model checkpointed at `step`."""
-  s = experiment.make_setup(c)
+  s = experiment.make_setup(c, None, c.tokenizer)  # random init
   ckpt = checkpoints.Checkpointer(str(workdir), c, s.tokenizer_path, read_only=True)
   params = ckpt.restore(s.sharded.abstract(), step=step).state.params
   ckpt.close()

@@ -82,7 +82,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   to_global = input_pipeline.to_global
   monkeypatch.setattr(input_pipeline, "to_global", lambda batch, where: fed.append(batch) or to_global(batch, where))
   pretrain_loop.train_and_evaluate(second, workdir)
-  resolved = sources.with_init_tokenizer(second)
+  resolved = sources.with_init_tokenizer(second, sources.init_source(second))
   it = input_pipeline.train_iterator(resolved, prepared)
   try:
     _assert_same(fed[0], next(it))  # phase 2's first batch is the long data's first

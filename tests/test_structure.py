@@ -150,33 +150,82 @@ def test_activation_constraints_reach_the_step():
 
 # A run's plan (its data and tokenizer, the workdir's verdict, where its state comes from) is decided at each
 # command's entrance, in its plan.py: these calls stand nowhere else in the package (electra-prepare's data/build.py
-# resolves init_from's tokenizer as pre-training's plan does, so that the two agree).
+# resolves init_from's tokenizer as pre-training's plan does, so that the two agree; electra-bench looks its data up
+# as the plan does; weights.py's own entrances, which electra-export and the tests call with a directory, resolve that
+# directory's Source).
 DECISIONS = {"with_init_tokenizer": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
+             "init_source": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
+             "sources.resolve": {"electra_jax.finetune.plan", "electra_jax.weights"},
+             "prepared_lib.find": {"electra_jax.pretrain.plan", "electra_jax.bench"},
              "check_workdir": {"electra_jax.pretrain.plan"},
-             "check_finetune_workdir": {"electra_jax.finetune.plan"}}
+             "check_finetune_workdir": {"electra_jax.finetune.plan"},
+             "checkpoints.latest_step": {"electra_jax.pretrain.plan", "electra_jax.finetune.plan",
+                                         "electra_jax.weights"}}
+
+
+def _called(node: ast.Call) -> list[str]:
+  """The names a call goes by: its function's (or attribute's), and module.attribute."""
+  if not isinstance(node.func, ast.Attribute):
+    return [node.func.id] if isinstance(node.func, ast.Name) else []
+  names = [node.func.attr]
+  if isinstance(node.func.value, ast.Name):
+    names.append(f"{node.func.value.id}.{node.func.attr}")
+  return names
 
 
 def test_a_runs_plan_is_decided_at_its_entrance():
   found = {}
   for path in PACKAGE.rglob("*.py"):
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DECISIONS:
-        found.setdefault(node.func.attr, set()).add(_module(path))
+      if isinstance(node, ast.Call):
+        for name in _called(node):
+          if name in DECISIONS:
+            found.setdefault(name, set()).add(_module(path))
   assert found == DECISIONS
 
 
+# Building (experiment.py) and running (loop.py) take the plan's parts: they import sources.py (what a weights source
+# is) for its type alone, and look nothing up again: no prepared data, weights source, saved config or checkpoint
+# (train_and_evaluate and finetune, the library's one call each, resolve the plan as main() does).
+BUILD_AND_RUN = ("pretrain.experiment", "pretrain.loop", "finetune.experiment", "finetune.loop")
+LOOKUPS = {"resolve", "find", "load", "tokenizer_path", "init_source", "with_init_tokenizer", "load_config",
+           "changes_since", "latest_step", "kind"}
+
+
+def test_building_and_running_take_the_plans_parts():
+  for module in BUILD_AND_RUN:
+    calls = {n for node in ast.walk(ast.parse(_path(f"electra_jax.{module}").read_text()))
+             if isinstance(node, ast.Call) and "plan_lib.resolve" not in _called(node) for n in _called(node)}
+    assert not calls & LOOKUPS, (module, calls & LOOKUPS)
+
+
 # The rooms below the commands take the typed parts of a run they need (modeling.ModelConfig, a PreparedData, a
-# SpecialIds, counts), not the run's ConfigDict. The functions named here still take a ConfigDict (one section of it,
-# or for data/ its `data` section through the whole); the set may shrink, never grow.
+# SpecialIds, a sources.Source, counts), not the run's ConfigDict. Those that still take one, and why; the list is
+# exact, and may shrink, never grow.
 BELOW_COMMANDS = ("modeling", "sharding", "state", "objectives", "optim", "accumulate", "masking", "losses", "sampling",
-                  "two_stage", "data.build", "data.corpus", "data.input_pipeline", "data.packing", "data.prepared",
-                  "data.pretraining", "data.task_rows")
-TAKE_A_CONFIGDICT = {"modeling.from_config", "objectives._unwrapped",
-                     "objectives.compute_loss", "objectives.init_params", "optim.build", "optim.create",
-                     "two_stage.switch_step", "two_stage.wrap_update", "data.build.build",
-                     "data.input_pipeline.train_iterator", "data.input_pipeline.validation_batches",
-                     "data.prepared.tokenizer_path", "data.prepared.dataset_dir", "data.prepared.resolve",
-                     "data.prepared.load"}
+                  "two_stage", "weights", "sources", "data.build", "data.corpus", "data.input_pipeline",
+                  "data.packing", "data.prepared", "data.pretraining", "data.task_rows")
+TAKE_A_CONFIGDICT = {
+    "modeling.from_config": "where a config becomes the typed ModelConfig",
+    "optim.build": "the train section: the optimiser recipe's keys",
+    "optim.create": "the train section",
+    "objectives.compute_loss": "the objective section, read inside the step (losses.Batch carries it)",
+    "objectives.init_params": "the objective's name and mask rate, the data's sequence length",
+    "objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
+    "two_stage.wrap_update": "its switch step",
+    "two_stage.switch_step": "checks sizes, sharing and fraction",
+    "weights.abstract": "the config a weights source was saved with: its architecture and optimiser",
+    "weights._restore": "the saved config, for the Checkpointer that reads it",
+    "sources.init_source": "train.init_from and init_from_generator",
+    "sources.with_init_tokenizer": "sets data.tokenizer in the config electra-prepare and the plan resolve",
+    "data.build.build": "electra-prepare's library: the data section, through the whole config",
+    "data.input_pipeline.train_iterator": "train.batch_size and seed",
+    "data.input_pipeline.validation_batches": "train.batch_size and eval_batches",
+    "data.prepared.tokenizer_path": "the data section's hash",
+    "data.prepared.dataset_dir": "the data section's hash",
+    "data.prepared.resolve": "data.* as prepared",
+    "data.prepared.find": "data.* as prepared",
+    "data.prepared.load": "data.* as prepared"}
 
 
 def test_rooms_below_the_commands_take_typed_parts():
@@ -190,4 +239,5 @@ def test_rooms_below_the_commands_take_typed_parts():
           annotation = ast.unparse(a.annotation) if a.annotation else ""
           if "ConfigDict" in annotation or (a.arg == "config" and not annotation):
             takers.add(f"{module}.{node.name}")
-  assert takers <= TAKE_A_CONFIGDICT, sorted(takers - TAKE_A_CONFIGDICT)
+  assert takers == set(TAKE_A_CONFIGDICT), (sorted(takers - set(TAKE_A_CONFIGDICT)),
+                                            sorted(set(TAKE_A_CONFIGDICT) - takers))

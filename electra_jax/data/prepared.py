@@ -131,6 +131,11 @@ def resolve(config):
 
 def load(config) -> PreparedData:
   """The prepared dataset for `config` (found as `resolve` finds it); a one-line error when there is none."""
+  return find(config)[1]
+
+
+def find(config):
+  """(`config` resolved, the prepared dataset it names): the one lookup of a run's data."""
   config = resolve(config)
   path = dataset_dir(config)
   tok = tokenizer_lib.Tokenizer(tokenizer_path(config))
@@ -143,4 +148,4 @@ def load(config) -> PreparedData:
     raise ValueError(f"tokenizer {tok.path} is not the one the data at {path} was prepared with (its SHA-256 differs "
                      "from the one recorded in metadata.json): put that tokenizer back, or run electra-prepare again "
                      "to re-tokenize the data with this one")
-  return PreparedData(path, tok.path, tok.special_ids, tok.vocab_size, meta["stats"], tok.word_starts())
+  return config, PreparedData(path, tok.path, tok.special_ids, tok.vocab_size, meta["stats"], tok.word_starts())

@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, modeling, sharding, state as state_lib
+from electra_jax import accumulate, aot, modeling, sharding, sources, state as state_lib
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import input_pipeline
 from electra_jax.finetune import model as model_lib, tasks
@@ -88,7 +88,7 @@ class Setup:
   mc: modeling.ModelConfig  # the encoder's, with the fine-tuning dropout
   tokenizer_path: str
   pad_id: int
-  source: tuple  # init_from's (pre-training config, params or None for random init)
+  encoder: dict | None  # init's encoder in the classifier's layout (host arrays); None: random init or resuming
   train: Split
   dev: Split | None  # the fold model selection uses, if any
   eval: Split
@@ -120,9 +120,13 @@ class Setup:
     return np.concatenate(sharding.to_host(out))[:n]  # every host's rows, gathered
 
 
-def make_setup(ft: ml_collections.ConfigDict) -> Setup:
-  """What `ft` builds (the data read and encoded, the model, its jitted step); nothing is written."""
-  src_config, src_params, tokenizer_path = model_lib.load_source(ft)
+def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer_path: str,
+               fresh: bool = True) -> Setup:
+  """What `ft` builds (the data read and encoded, the model, its jitted step) from its plan's parts: the weights it
+  starts from (`init`; None: random init of config.model's sizes), the tokenizer, and whether the run starts afresh
+  (a resumed run reads init's architecture alone); nothing is written."""
+  src_config, src_params = model_lib.load_source(ft, init, tokenizer_path, with_params=fresh)
+  encoder = None if src_params is None else jax.device_get(model_lib.encoder_params(src_config, src_params))
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != src_config.data.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
@@ -147,7 +151,7 @@ def make_setup(ft: ml_collections.ConfigDict) -> Setup:
   steps = build_steps(ft, head, mc, seq_len, num_steps)
   return Setup(
       ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
-      source=(src_config, src_params), train=train, dev=dev, eval=eval_, test=test, metric=metric,
+      encoder=encoder, train=train, dev=dev, eval=eval_, test=test, metric=metric,
       steps_per_epoch=steps_per_epoch, num_steps=num_steps,
       eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
       rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1),

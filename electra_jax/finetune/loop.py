@@ -15,7 +15,7 @@ from electra_jax import checkpoints, goodput, state as state_lib, storage
 from electra_jax import loop as loop_lib
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
-from electra_jax.finetune import model as model_lib, plan as plan_lib
+from electra_jax.finetune import plan as plan_lib
 from electra_jax.finetune.experiment import Setup, batch_rows, make_setup
 
 BEST_DIR = "best"
@@ -34,7 +34,7 @@ def train(plan: plan_lib.Plan) -> dict | None:
   t0, clock = time.time(), goodput.Clock()
   ft, workdir = plan.ft, plan.workdir
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:
-    setup = make_setup(ft)
+    setup = make_setup(ft, plan.init, plan.tokenizer, fresh=plan.resume_step is None)
     # Every check passed: only now is anything written or deleted.
     if plan.replace:
       workdir_lib.empty(workdir)
@@ -71,14 +71,13 @@ def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
   train.seed (with init_from's encoder) and progress."""
   if plan.resume_step is None:
     state = s.sharded.init(jax.random.key(s.ft.train.seed))
-    src_config, src_params = s.source
-    if src_params is not None:
-      loaded = jax.device_get(model_lib.encoder_params(src_config, src_params))
-      if jax.tree.map(np.shape, loaded) != jax.tree.map(lambda x: x.shape, state.params["electra"]):
+    if s.encoder is not None:
+      if jax.tree.map(np.shape, s.encoder) != jax.tree.map(lambda x: x.shape, state.params["electra"]):
         raise ValueError(f"{s.ft.init_from}: the checkpoint's encoder does not match its config")
-      num_layers = s.mc.discriminator.num_layers
-      for i in range(num_layers - s.ft.train.reinit_layers, num_layers):  # keep the fresh init's top layers
-        loaded["discriminator"][f"layer_{i}"] = state.params["electra"]["discriminator"][f"layer_{i}"]
+      num_layers, fresh = s.mc.discriminator.num_layers, state.params["electra"]["discriminator"]
+      top = {f"layer_{i}": fresh[f"layer_{i}"]  # the fresh init's top layers are kept
+             for i in range(num_layers - s.ft.train.reinit_layers, num_layers)}
+      loaded = dict(s.encoder, discriminator=dict(s.encoder["discriminator"], **top))
       state = state.replace(params=dict(state.params,
                                         electra=jax.device_put(loaded, s.sharded.state.params["electra"])))
     return state, Progress()

@@ -16,7 +16,7 @@ import ml_collections
 import optax
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, optim, weights
+from electra_jax import modeling, optim, sources, weights
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.hf import convert as hf_convert
 
@@ -108,18 +108,17 @@ def optimizer(train, num_steps: int, num_layers: int):
   return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
 
 
-def load_source(ft: ml_collections.ConfigDict):
-  """(pre-training config, its params or None for random init, tokenizer path) of config.init_from."""
-  if not ft.init_from:
-    if not ft.tokenizer:
-      raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
+def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer: str, with_params: bool = True):
+  """(pre-training config, its params or None) of a run's plan: init's (its architecture alone under random_init or
+  without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with `tokenizer`'s
+  vocabulary."""
+  if init is None:
     config = config_lib.base()
     config.model.update(ft.model.to_dict())
-    config.data.update(vocab_size=tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size, tokenizer=ft.tokenizer)
-    return config, None, ft.tokenizer
-  # random_init: the architecture only, no checkpoint read
-  source = weights.load(ft.init_from, ft.init_step or None, with_params=not ft.random_init)
-  return source.config, source.params, ft.tokenizer or source.tokenizer
+    config.data.update(vocab_size=tokenizer_lib.Tokenizer(tokenizer).vocab_size, tokenizer=tokenizer)
+    return config, None
+  source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
+  return source.config, source.params
 
 
 def encoder_params(config, params):

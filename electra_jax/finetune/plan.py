@@ -15,7 +15,8 @@ from electra_jax import workdir as workdir_lib
 class Plan:
   ft: ml_collections.ConfigDict
   workdir: str
-  tokenizer: str  # config.tokenizer, else init_from's ("" for random init without one: make_setup refuses it)
+  init: sources.Source | None  # init_from's weights (or, with random_init, its architecture); None: random init
+  tokenizer: str  # config.tokenizer, else init_from's
   replace: bool  # the workdir holds another run, emptied first (--config.overwrite)
   resume_step: int | None  # the workdir's newest checkpoint, which the run resumes from; None: a fresh start
 
@@ -48,9 +49,11 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str) -> Plan:
   loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
-  init_inputs = sources.inputs(ft.init_from) if ft.init_from else []
-  storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init_inputs), "--workdir")
+  if not (ft.init_from or ft.tokenizer):
+    raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
+  init = sources.resolve(ft.init_from) if ft.init_from else None
+  storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init.inputs() if init else []), "--workdir")
   workdir_lib.check_writable(workdir)
   replace = workdir_lib.check_finetune_workdir(workdir, ft)
-  tokenizer = ft.tokenizer or (sources.tokenizer(ft.init_from) if ft.init_from else "")
-  return Plan(ft, workdir, tokenizer, replace, None if replace else checkpoints.latest_step(workdir))
+  tokenizer = ft.tokenizer or (init.tokenizer if init else "")
+  return Plan(ft, workdir, init, tokenizer, replace, None if replace else checkpoints.latest_step(workdir))

@@ -134,10 +134,9 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
     raise ValueError(f"{generator_dir}: the generator is not the discriminator scaled by "
                      f"{m.generator_fraction:.3g} in width (our generators are)")
 
-  d = convert.from_hf_state_dict(model_config, _read_weights(hf_dir), "discriminator", hf_dir)
-  g = None
-  if gen is not None:
-    g = convert.from_hf_state_dict(model_config, _read_weights(generator_dir), "generator", generator_dir)
+  disc_weights, gen_weights = _read_weights(hf_dir), _read_weights(generator_dir) if gen is not None else None
+  d = convert.from_hf_state_dict(model_config, disc_weights, "discriminator", hf_dir)
+  g = None if gen is None else convert.from_hf_state_dict(model_config, gen_weights, "generator", generator_dir)
   shared = g is None or all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(d["embeddings"]),
                                                                   jax.tree.leaves(g["embeddings"])))
   config.objective.embedding_sharing = "shared" if shared else "untied"

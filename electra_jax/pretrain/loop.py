@@ -88,15 +88,15 @@ class PreTraining:
 
 def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
   """(state, input position, rng) the run starts from, as `start` says: the workdir's latest checkpoint on the current
-  mesh, or fresh from train.seed with init_from's weights when set, and with its optimiser state and step too under
+  mesh, or fresh from train.seed with its init weights when set, and with their optimiser state and step too under
   with_state (a second phase on other data: the input position starts afresh)."""
   rng = jax.random.fold_in(jax.random.key(exp.config.train.seed), 1)
   if start.resume_step is None:
     if start.with_state:
-      return weights.state_for_config(exp.config, exp.sharded, start.init_from), None, rng
+      return weights.state_onto(start.init, exp.sharded, exp.config.train.num_steps), None, rng
     state = exp.sharded.init(jax.random.key(exp.config.train.seed))
-    if start.init_from:
-      state = state.replace(params=weights.for_config(exp.config, exp.sharded, start.init_from, start.generator))
+    if start.init:
+      state = state.replace(params=weights.params_onto(start.init, exp.sharded))
     return state, None, rng
   try:
     restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)

@@ -17,19 +17,23 @@ from electra_jax.data import prepared as prepared_lib
 class Start:
   """Where the run's state comes from."""
   resume_step: int | None  # the workdir's newest checkpoint, which the run resumes from; None: a fresh start
-  init_from: str  # a fresh start's weights (a workdir, params export or HF directory); "": random init
-  generator: str  # an HF discriminator's generator directory, kept apart from it (train.init_from_generator)
-  with_state: bool  # init_from's optimiser state and step too (train.init_from_state: a second phase)
+  init: sources.Source | None  # a fresh start's weights (train.init_from, train.init_from_generator); None: random
+  with_state: bool  # init's optimiser state and step too (train.init_from_state: a second phase)
 
   def describe(self, seed: int) -> str:
     if self.resume_step is not None:
       return f"resume from the workdir's newest checkpoint, step {self.resume_step}"
     if self.with_state:
-      return f"init_from {self.init_from}: its parameters, optimiser state and step"
-    if self.init_from:
-      generator = f" (generator: {self.generator})" if self.generator else ""
-      return f"init_from {self.init_from}: its weights{generator}, a fresh optimiser from train.seed={seed}"
+      return f"init_from {self.init.path}: its parameters, optimiser state and step"
+    if self.init:
+      generator = f" (generator: {self.init.generator})" if self.init.generator else ""
+      return f"init_from {self.init.path}: its weights{generator}, a fresh optimiser from train.seed={seed}"
     return f"fresh, random init from train.seed={seed}"
+
+  def record(self) -> dict:
+    """What plan.json says of it."""
+    return dict(resume_step=self.resume_step, init_from=self.init.path if self.init else "",
+                generator=self.init.generator if self.init else "", with_state=self.with_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,45 +57,44 @@ class Plan:
     """<workdir>/config.json and plan.json (process 0): once every check has passed."""
     workdir_lib.write_plan(self.workdir, self.config, dict(
         data=self.data.dataset_dir, tokenizer=self.data.tokenizer_path, vocab_size=self.data.vocab_size,
-        start=dataclasses.asdict(self.start), num_steps=self.config.train.num_steps, changes=self.changes))
+        start=self.start.record(), num_steps=self.config.train.num_steps, changes=self.changes))
 
 
 def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> Plan:
   """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input (config, data,
   workdir, init_from), before anything is built or written."""
-  config = copy.deepcopy(sources.with_init_tokenizer(config))
+  train = config.train
+  loop_lib.check_config(train, "num_steps", "eval_every")
+  resume_step = checkpoints.latest_step(workdir)
+  if resume_step is None and train.init_from_state and not train.init_from:
+    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
+                     "step to continue")
+  config = copy.deepcopy(config)
   # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
   # from whatever directory they run in.
   config.data.data_dir = storage.absolute(config.data.data_dir)
+  # A resumed run's weights are the workdir's: init_from then only names the tokenizer, where data.tokenizer does not.
+  init = sources.init_source(config) if resume_step is None or not config.data.tokenizer else None
+  config = sources.with_init_tokenizer(config, init)
   # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
-  config = prepared_lib.resolve(config)
-  loop_lib.check_config(config.train, "num_steps", "eval_every")
+  config, data = prepared_lib.find(config)
   changes = workdir_lib.check_workdir(workdir, config, allow_config_change)
-  data = prepared_lib.load(config)
-  train = config.train
-  start = Start(checkpoints.latest_step(workdir), train.init_from, train.init_from_generator, train.init_from_state)
-  if start.resume_step is None:
-    _check_init(start, data.tokenizer_path)
-  elif start.resume_step > train.num_steps:
-    raise ValueError(f"workdir {workdir} is at step {start.resume_step}, past train.num_steps={train.num_steps}: "
+  if resume_step is None and init:
+    _check_init(init, train.init_from_state, data.tokenizer_path)
+  elif resume_step is not None and resume_step > train.num_steps:
+    raise ValueError(f"workdir {workdir} is at step {resume_step}, past train.num_steps={train.num_steps}: "
                      "raise --config.train.num_steps to continue it")
-  return Plan(config, workdir, data, start, None if changes is None else tuple(changes))
+  return Plan(config, workdir, data, Start(resume_step, init, train.init_from_state),
+              None if changes is None else tuple(changes))
 
 
-def _check_init(start: Start, tokenizer_path: str):
-  """A fresh start's weights source: there is one where its state is asked for, and it holds the data's tokenizer."""
-  if start.with_state and not start.init_from:
-    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
-                     "step to continue")
-  if not start.init_from:
-    return
-  what = sources.kind(start.init_from)
-  if start.with_state and what != "workdir":
-    raise ValueError(f"train.init_from_state: {start.init_from} is "
-                     f"{'an HF directory' if what == 'hf' else 'a params export'}, which holds no optimiser state: "
-                     "name a pre-training workdir, or drop init_from_state to start from its weights with a fresh "
-                     "optimiser")
-  theirs = sources.tokenizer(start.init_from)
-  if prepared_lib.fingerprint(theirs) != prepared_lib.fingerprint(tokenizer_path):
-    raise ValueError(f"train.init_from={start.init_from}: its tokenizer is not the one the data was prepared with; "
-                     f"prepare with --config.data.tokenizer={theirs}")
+def _check_init(init: sources.Source, with_state: bool, tokenizer_path: str):
+  """A fresh start's weights: a workdir where its state is asked for, holding the data's tokenizer."""
+  if with_state and init.kind != "workdir":
+    raise ValueError(f"train.init_from_state: {init.path} is "
+                     f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
+                     "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
+                     "fresh optimiser")
+  if prepared_lib.fingerprint(init.tokenizer) != prepared_lib.fingerprint(tokenizer_path):
+    raise ValueError(f"train.init_from={init.path}: its tokenizer is not the one the data was prepared with; "
+                     f"prepare with --config.data.tokenizer={init.tokenizer}")
