@@ -80,10 +80,11 @@ def test_default_shard_count_is_a_power_of_two_of_shards_of_16_mib_or_more(tiny_
 
 @pytest.mark.parametrize("shards, hosts, index, line", [
     (1, 2, 0, "Each of the 2 hosts fetches all of the train split of DIR, not 1/2 (shards: 1; lanes at "
-              "train.batch_size=16: 1, not a multiple of 2); prepare it with --config.data.num_shards=2 (or another "
-              "multiple of 2) for each host to fetch only its share (docs/data.md)"),
+              "train.batch_size=16: 1, not a multiple of 2); delete that dataset and prepare it again with "
+              "--config.data.num_shards=2 (or another multiple of 2) for each host to fetch only its share "
+              "(docs/data.md)"),
     (SHARDS, 8, 0, "fetches 1/4 of the train split of DIR, not 1/8 (shards: 4; lanes at train.batch_size=16: 4, not a "
-                   "multiple of 8); prepare it with --config.data.num_shards=8 "),
+                   "multiple of 8); delete that dataset and prepare it again with --config.data.num_shards=8 (or "),
     (1, 2, 1, None),  # host 0 says it for all
     (SHARDS, 2, 0, None),  # 2 lanes each
 ])
