@@ -4,6 +4,7 @@ example twice and every one of each lane (bar one of a lane longer than the shor
 count gives a pod lanes; a pod whose hosts do not divide them is told which count to prepare."""
 import collections
 import os
+import pathlib
 import socket
 import threading
 
@@ -76,15 +77,19 @@ def test_default_shard_count_is_a_power_of_two_of_shards_of_16_mib_or_more(tiny_
   config.data.update(data_dir=str(tmp_path), tokenizer=tiny_data[1].tokenizer_path)
   train = input_pipeline.Reader(build.build(config).dataset_dir)
   assert len(train.shard_lengths) == len(input_pipeline.lanes(train.shard_lengths, config.train.batch_size)) == 4
+  # Prepared again with the count a pod's warning names: rebuilt, with another metadata.json (the hosts' copies' key).
+  meta = pathlib.Path(train.dataset_dir, "metadata.json").read_text()
+  config.data.num_shards = 8
+  assert len(input_pipeline.Reader(build.build(config).dataset_dir).shard_lengths) == 8
+  assert pathlib.Path(train.dataset_dir, "metadata.json").read_text() != meta
 
 
 @pytest.mark.parametrize("shards, hosts, index, line", [
     (1, 2, 0, "Each of the 2 hosts fetches all of the train split of DIR, not 1/2 (shards: 1; lanes at "
-              "train.batch_size=16: 1, not a multiple of 2); delete that dataset and prepare it again with "
-              "--config.data.num_shards=2 (or another multiple of 2) for each host to fetch only its share "
-              "(docs/data.md)"),
+              "train.batch_size=16: 1, not a multiple of 2); prepare it again with --config.data.num_shards=2 (or "
+              "another multiple of 2) for each host to fetch only its share (docs/data.md)"),
     (SHARDS, 8, 0, "fetches 1/4 of the train split of DIR, not 1/8 (shards: 4; lanes at train.batch_size=16: 4, not a "
-                   "multiple of 8); delete that dataset and prepare it again with --config.data.num_shards=8 (or "),
+                   "multiple of 8); prepare it again with --config.data.num_shards=8 (or "),
     (1, 2, 1, None),  # host 0 says it for all
     (SHARDS, 2, 0, None),  # 2 lanes each
 ])

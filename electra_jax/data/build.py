@@ -13,8 +13,11 @@ from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import prepared
 
 
-def _identity(corpus, tok) -> dict:
-  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path)}
+def _identity(corpus, tok, num_shards: int) -> dict:
+  # A shard count asked for is part of what is built: asking for another rebuilds, and changes metadata.json, which
+  # names the hosts' local copies of a gs:// dataset. 0, the default count, adds nothing: earlier datasets are found.
+  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path),
+          **({"num_shards": num_shards} if num_shards else {})}
 
 
 def build(config) -> prepared.PreparedData:
@@ -38,7 +41,7 @@ def build(config) -> prepared.PreparedData:
   tok = tokenizer_lib.Tokenizer(tok_path)
   tok.check_vocab_size(data.vocab_size)
 
-  identity = _identity(corpus, tok)
+  identity = _identity(corpus, tok, data.num_shards)
   path = epath.Path(prepared.dataset_dir(config))
   if (path / "dataset_info.json").exists():
     if prepared.metadata(os.fspath(path)).get("identity") == identity:

@@ -105,8 +105,8 @@ class TrainIterator:
       shards, share = len(reader.shard_lengths), len(set(self._lane.tolist()))
       logging.warning(
           "Each of the %d hosts fetches %s the %s split of %s, not 1/%d (shards: %d; lanes at train.batch_size=%d: "
-          "%d, not a multiple of %d); delete that dataset and prepare it again with --config.data.num_shards=%d (or "
-          "another multiple of %d) for each host to fetch only its share (docs/data.md)", process_count,
+          "%d, not a multiple of %d); prepare it again with --config.data.num_shards=%d (or another multiple of %d) "
+          "for each host to fetch only its share (docs/data.md)", process_count,
           "all of" if share == len(self._lanes) else f"{share}/{len(self._lanes)} of", reader.split, reader.dataset_dir,
           process_count, shards, global_batch_size, len(self._lanes), process_count,
           -(-shards // process_count) * process_count, process_count)
