@@ -245,13 +245,13 @@ def cache_dir() -> str:
 class LocalCopy:
   """A local mirror of the remote `directory`, file by file, each fetched when first asked for: for readers that take
   local paths only (ArrayRecord's C++ reader), so that a host fetches just the files it reads. It lies under
-  cache_dir(), one directory per version of `directory` (named by the SHA-256 of `key_file`, a small file that
-  changes with the content); making it deletes the copies of other versions. Processes of one host share it: each
-  file is fetched into a temporary and renamed into place."""
+  cache_dir(), one directory per version of `directory` (named by the SHA-256 of `key_files`, small files that
+  together change with the content); making it deletes the copies of other versions. Processes of one host share
+  it: each file is fetched into a temporary and renamed into place."""
 
-  def __init__(self, directory: str, key_file: str):
+  def __init__(self, directory: str, *key_files: str):
     self.remote = directory
-    key = hashlib.sha256((epath.Path(directory) / key_file).read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join((epath.Path(directory) / f).read_bytes() for f in key_files)).hexdigest()[:16]
     base = os.path.join(cache_dir(), directory.replace("://", "/", 1))
     self.path = os.path.join(base, key)
     os.makedirs(self.path, exist_ok=True)

@@ -36,7 +36,7 @@ class Reader:
 
   def __init__(self, dataset_dir: str, split: str = "train"):
     self.dataset_dir, self.remote = dataset_dir, storage.is_remote(dataset_dir)
-    self._copy = storage.LocalCopy(dataset_dir, "metadata.json") if self.remote else None
+    self._copy = storage.LocalCopy(dataset_dir, "metadata.json", "dataset_info.json") if self.remote else None
     if self._copy:  # the dataset's description (dataset_info.json, features.json, metadata.json), not its shards
       for name in self._copy.names():
         if ".array_record-" not in name:
