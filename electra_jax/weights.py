@@ -45,16 +45,18 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   return read(sources.resolve(source, generator or ""), step, with_params)
 
 
-def read(source: sources.Source, step: int | None = None, with_params: bool = True) -> Weights:
-  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), on this host's
-  devices (HF weights: host arrays). with_params=False reads the architecture and tokenizer only."""
+def read(source: sources.Source, step: int | None = None, with_params: bool = True,
+         mesh: jax.sharding.Mesh | None = None) -> Weights:
+  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), on `mesh` (default:
+  the one its config names, over this host's devices; HF weights: host arrays). with_params=False reads the
+  architecture and tokenizer only."""
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.generator or None, source.tokenizer)
     return Weights(config, params if with_params else None, source.tokenizer)
   config = source.config
   if not with_params:
     return Weights(config, None, source.tokenizer)
-  mesh = sharding.create_mesh(**config.mesh)
+  mesh = mesh or sharding.create_mesh(**config.mesh)
   if source.kind == "params":
     return Weights(config, checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR),
                                                       abstract(config, mesh)), source.tokenizer)
@@ -75,9 +77,9 @@ def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int 
 
 
 def params_onto(source: sources.Source, sharded: state.Sharded):
-  """The weights in `source` placed on `sharded`'s mesh, after checking that they fit its parameters (the plan
-  checked their tokenizer)."""
-  loaded = read(source)
+  """The weights in `source` placed on `sharded`'s mesh (restored onto it: the source's own mesh may not fit this
+  host), after checking that they fit its parameters (the plan checked their tokenizer)."""
+  loaded = read(source, mesh=sharded.mesh)
   _check_fit(source.path, sharded.abstract().params, loaded.params,
              "model sizes, vocabulary, embedding_sharing and objective must match")
   return jax.device_put(loaded.params, sharded.state.params)
