@@ -172,9 +172,8 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
 
 
 def init_params(model: modeling.Electra, config: ml_collections.ConfigDict, rng: jax.Array):
-  """The boxed parameters `config.objective.name` trains, at the config's sequence length."""
-  seq_len = config.data.seq_len
-  masking.check_masking(config.objective.mask_prob, seq_len)  # before the positions' shape is built from it
-  ids = jnp.ones((1, seq_len), jnp.int32)
-  positions = jnp.zeros((1, masking.max_predictions(config.objective.mask_prob, seq_len)), jnp.int32)
+  """The boxed parameters `config.objective.name` trains, at the config's sequence length. Their shapes do not depend
+  on how many positions are masked: one stands for them."""
+  ids = jnp.ones((1, config.data.seq_len), jnp.int32)
+  positions = jnp.zeros((1, 1), jnp.int32)
   return model.init(rng, ids, jnp.zeros_like(ids), positions, method=get(config.objective.name).init)["params"]

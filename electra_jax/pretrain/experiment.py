@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, losses, modeling, objectives, optim, sharding, state as state_lib
+from electra_jax import accumulate, aot, losses, masking, modeling, objectives, optim, sharding, state as state_lib
 from electra_jax.state import TrainState
 from electra_jax.special_ids import SpecialIds
 
@@ -72,6 +72,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
   objective = objectives.get(config.objective.name)
+  masking.check_masking(config.objective.mask_prob, config.data.seq_len)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
