@@ -23,10 +23,10 @@ class Masked(NamedTuple):
 
 
 def scatter(ids: jax.Array, positions: jax.Array, values: jax.Array, weights: jax.Array) -> jax.Array:
-  """ids with ids[b, positions[b, p]] = values[b, p] wherever weights[b, p] > 0 (positions in a row are distinct)."""
-  rows = jnp.arange(ids.shape[0])[:, None]
-  values = jnp.where(weights > 0, values, ids[rows, positions])
-  return ids.at[rows, positions].set(values)
+  """ids with ids[b, positions[b, p]] = values[b, p] wherever weights[b, p] > 0 (positions in a row are distinct),
+  by comparing each position with the sequence's: [B, P, L] selects, where a scatter is serialised on TPU."""
+  hit = (positions[..., None] == jnp.arange(ids.shape[1])) & (weights[..., None] > 0)
+  return jnp.where(hit.any(axis=1), jnp.where(hit, values[..., None], 0).sum(axis=1).astype(ids.dtype), ids)
 
 
 def mask_tokens(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_prob: float, vocab_size: int,

@@ -3,14 +3,7 @@ softmax(logits / temperature)."""
 import jax
 import jax.numpy as jnp
 
-SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF (about sqrt(V) for V ~ 16k)
-
-
-def _sample_block(vocab: int) -> int:
-  """The divisor of `vocab` in [64, 256] nearest SAMPLE_BLOCK (no slice of the logits is then copied: 125 for the
-  demo's 8000), or SAMPLE_BLOCK when there is none (30522: a shorter last block)."""
-  divisors = [b for b in range(64, 257) if vocab % b == 0]
-  return min(divisors, key=lambda b: abs(b - SAMPLE_BLOCK)) if divisors else SAMPLE_BLOCK
+SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF (about sqrt(V); a TPU lane row)
 
 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
@@ -36,31 +29,37 @@ def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0
   the generator's head).
 
   The CDF is walked in two levels, with the same distribution and the same uniform as one cumulative sum over the
-  vocabulary: the cumulative sums of blocks of `block` entries pick the block holding u, then the cumulative sum
-  within that block picks the entry: no vocabulary-long scan (on XLA:CPU the cumsum over 8000 entries of a demo step
-  took ~25 ms, the whole two-level draw ~2 ms). Weights are exp(x - max x), unnormalised, and u is scaled by their
-  total. When no block size near SAMPLE_BLOCK divides V, the last V mod block entries form a shorter last block (and
-  the rest of the logits are sliced, a copy)."""
+  vocabulary: the sums of blocks of `block` entries (default SAMPLE_BLOCK; the last block may be shorter) pick the
+  block holding u, then the cumulative sum within that block picks the entry: no vocabulary-long scan (on XLA:CPU
+  the cumsum over 8000 entries of a demo step took ~25 ms, the whole two-level draw ~2 ms). Weights are
+  exp(x - max x), unnormalised, and u is scaled by their total. The logits are read whole only by the max and the
+  block sums (a reduce_window: no reshape of the vocabulary axis, which a TPU lays out anew in a copy of the
+  logits, ~9 reads of them before); the chosen block is sliced out of them per position."""
   x = logits.astype(jnp.float32)
   if temperature != 1.0:
     x = x / temperature
   vocab = x.shape[-1]
-  block = block or _sample_block(vocab)
-  nb, rest = divmod(vocab, block)
+  block = min(block or SAMPLE_BLOCK, vocab)
+  nb = -(-vocab // block)
   top = x.max(axis=-1, keepdims=True)
-  main = (x[..., :nb * block] if rest else x).reshape(x.shape[:-1] + (nb, block))
-  sums = jnp.exp(main - top[..., None]).sum(axis=-1)  # [..., nb]
-  tail = None
-  if rest:
-    tail = jnp.pad(x[..., nb * block:], [(0, 0)] * (x.ndim - 1) + [(0, block - rest)], constant_values=-jnp.inf)
-    sums = jnp.concatenate([sums, jnp.exp(tail - top).sum(axis=-1, keepdims=True)], axis=-1)
+  window = (1,) * (x.ndim - 1) + (block,)
+  padding = ((0, 0),) * (x.ndim - 1) + ((0, nb * block - vocab),)
+  sums = jax.lax.reduce_window(jnp.exp(x - top), 0.0, jax.lax.add, window, window, padding)  # [..., nb]
   cdf = _cumsum(sums)
   u = per_row(jax.random.uniform, rng, logits.shape[:-1] + (1,), rows) * cdf[..., -1:]  # the total: unnormalised
-  j = jnp.minimum((cdf <= u).sum(axis=-1), sums.shape[-1] - 1)  # the block holding u
-  start = jnp.take_along_axis(cdf - sums, j[..., None], axis=-1)  # the weight of the blocks before it
-  # Gather the block's logits, not its weights: XLA would recompute the whole row's exp for each gathered element.
-  within = jnp.take_along_axis(main, jnp.minimum(j, nb - 1)[..., None, None], axis=-2)[..., 0, :] if nb else tail
-  if rest and nb:
-    within = jnp.where((j == nb)[..., None], tail, within)
-  i = jnp.minimum((start + _cumsum(jnp.exp(within - top)) <= u).sum(axis=-1), block - 1)
-  return jnp.minimum(j * block + i, vocab - 1).astype(jnp.int32)
+  j = jnp.minimum((cdf <= u).sum(axis=-1), nb - 1)  # the block holding u
+  before = jnp.take_along_axis(cdf - sums, j[..., None], axis=-1)  # the weight of the blocks before it
+  start = jnp.minimum(j * block, vocab - block)  # a shorter last block is read as the last `block` entries
+  ids = start[..., None] + jnp.arange(block)
+  weights = jnp.where(ids >= (j * block)[..., None], jnp.exp(_slices(x, start, block) - top), 0.0)
+  i = jnp.minimum((before + _cumsum(weights) <= u).sum(axis=-1), block - 1)
+  return (start + i).astype(jnp.int32)
+
+
+def _slices(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
+  """x[..., start:start + size] at each position of the leading axes (start: their shape): a gather of rows of
+  `size` entries, vmapped over the leading axes rather than flattening them (a copy of x on TPU)."""
+  take = lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size)
+  for _ in range(x.ndim - 1):
+    take = jax.vmap(take)
+  return take(x, start)

@@ -151,10 +151,12 @@ def _attention_inputs():
   return params, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions)
 
 
-def _attention_outputs(impl, dtype="float32"):
+def _attention_outputs(impl, dtype="float32", **model_options):
   """(discriminator logits, generator logits, grads of a scalar loss of both w.r.t. every param), freshly traced."""
   params, ids, segments, positions = _attention_inputs()
-  model = modeling.Electra(modeling.ModelConfig.from_config(_attention_config(impl, dtype)))
+  c = _attention_config(impl, dtype)
+  c.model.update(model_options)
+  model = modeling.Electra(modeling.ModelConfig.from_config(c))
 
   def loss(p):
     disc = model.apply({"params": p}, ids, segments, method=model.discriminator_logits)
@@ -258,3 +260,53 @@ def test_scanned_layers_are_the_unrolled_layers():
   train = jax.jit(lambda key: scanned.apply({"params": params}, ids, seg, deterministic=False, rngs={"dropout": key},
                                             method=modeling.Electra.encode))
   assert not np.allclose(train(jax.random.key(1)), train(jax.random.key(2)))
+
+
+def test_one_hot_embeddings_equal_the_gather():
+  """model.one_hot_embeddings (the official code's TPU lookup): in float32 the very outputs and gradients of the
+  gather, the word table's included (a matmul's instead of a scatter-add's); in bfloat16, where its rows are rounded
+  before the position and type rows are added, as close to float32 as the gather."""
+  gather = _attention_outputs("einsum")
+  assert max(_max_diffs(_attention_outputs("einsum", one_hot_embeddings=True), gather)) < 1e-6
+  gather_error = _max_diffs(_attention_outputs("einsum", "bfloat16"), gather)
+  one_hot_error = _max_diffs(_attention_outputs("einsum", "bfloat16", one_hot_embeddings=True), gather)
+  assert all(o <= 1.5 * g for o, g in zip(one_hot_error, gather_error)), (one_hot_error, gather_error)
+
+
+def test_lookups_without_gathers_equal_the_gathers():
+  """The token-type rows (select_rows) and the hidden states at the masked positions (gather_positions) equal
+  jnp.take's and take_along_axis's, and so do their gradients."""
+  rng = np.random.default_rng(0)
+  table, x = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in ((2, 8), (3, 16, 8)))
+  types = jnp.asarray(rng.integers(0, 2, (3, 16)), jnp.int32)
+  positions = jnp.asarray(np.stack([rng.choice(16, 5, replace=False) for _ in range(3)]), jnp.int32)
+  weights = jnp.asarray(rng.standard_normal((3, 16, 8)), jnp.float32)
+
+  def check(new, old, arg):
+    (a, ga), (b, gb) = (jax.value_and_grad(lambda t, f=f: jnp.sum(f(t) * weights[:, :f(t).shape[1]]))(arg)
+                        for f in (new, old))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(ga, gb, rtol=1e-6)
+
+  check(lambda t: modeling.select_rows(t, types), lambda t: jnp.take(t, types, axis=0), table)
+  check(lambda h: modeling.gather_positions(h, positions),
+        lambda h: jnp.take_along_axis(h, positions[..., None], axis=1), x)
+
+
+def test_attention_softmax_equals_jax_softmax():
+  """modeling.softmax, whose backward pass keeps the probabilities in the scores' dtype: jax.nn.softmax's values and
+  gradients in float32 (masked entries included); in bfloat16 the same probabilities, and a gradient as close to
+  float32's as autodiff's through jax.nn.softmax(scores.astype(float32)).astype(bfloat16)."""
+  rng = np.random.default_rng(0)
+  scores = jnp.asarray(3 * rng.standard_normal((4, 3, 16, 16)), jnp.float32)
+  scores = jnp.where(jnp.arange(16) < 11, scores, jnp.finfo(jnp.float32).min)
+  weights = jnp.asarray(rng.standard_normal((4, 3, 16, 16)), jnp.float32)
+  old = lambda s: jnp.sum(jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(s.dtype).astype(jnp.float32) * weights)
+  new = lambda s: jnp.sum(modeling.softmax(s).astype(jnp.float32) * weights)
+  np.testing.assert_allclose(new(scores), old(scores), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(new)(scores), jax.grad(old)(scores), rtol=1e-5, atol=1e-6)
+  low = jnp.where(jnp.arange(16) < 11, scores, jnp.finfo(jnp.bfloat16).min).astype(jnp.bfloat16)
+  assert float(new(low)) == float(old(low))
+  exact = jax.grad(old)(low.astype(jnp.float32))
+  error = lambda f: float(jnp.max(jnp.abs(jax.grad(f)(low).astype(jnp.float32) - exact)))
+  assert 0 < error(new) <= 2 * error(old), (error(new), error(old))

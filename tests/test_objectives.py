@@ -219,3 +219,24 @@ def test_uniform_replacement_trains_discriminator_alone():
   electra = c.copy_and_resolve_references()
   electra.objective.name = "electra"
   assert flops.step_flops(c) < flops.step_flops(electra)
+
+
+def test_scatter_sets_the_weighted_positions():
+  """masking.scatter (selects, no scatter op) sets values where the weight is positive and keeps the rest."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, VOCAB, (64, 32)).astype(np.int32)
+  positions = np.stack([rng.choice(32, 6, replace=False) for _ in range(64)]).astype(np.int32)
+  values = rng.integers(5, VOCAB, (64, 6)).astype(np.int32)
+  weights = (rng.random((64, 6)) < 0.7).astype(np.float32)
+  expected = ids.copy()
+  for r, p in zip(*np.nonzero(weights)):
+    expected[r, positions[r, p]] = values[r, p]
+  np.testing.assert_array_equal(masking.scatter(*map(jnp.asarray, (ids, positions, values, weights))), expected)
+
+
+def test_top1_correct_is_the_first_maximum():
+  """mlm_accuracy's top-1: the target must be where argmax (the first maximum) is, ties included."""
+  logits = jnp.array([[1.0, 3.0, 3.0, 0.0], [2.0, 0.0, 2.0, 2.0], [0.0, 1.0, 5.0, 1.0]])
+  for targets, want in (([1, 0, 2], [1, 1, 1]), ([2, 2, 1], [0, 0, 0])):
+    np.testing.assert_array_equal(losses.top1_correct(logits, jnp.array(targets)), want)
+    np.testing.assert_array_equal(np.argmax(logits, -1) == np.array(targets), np.array(want, bool))
