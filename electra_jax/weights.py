@@ -48,15 +48,15 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
 def read(source: sources.Source, step: int | None = None, with_params: bool = True,
          mesh: jax.sharding.Mesh | None = None) -> Weights:
   """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), on `mesh` (default:
-  the one its config names, over this host's devices; HF weights: host arrays). with_params=False reads the
-  architecture and tokenizer only."""
+  every device, each holding them whole: the mesh they were trained on may not fit this host; HF weights: host
+  arrays). with_params=False reads the architecture and tokenizer only."""
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.generator or None, source.tokenizer)
     return Weights(config, params if with_params else None, source.tokenizer)
   config = source.config
   if not with_params:
     return Weights(config, None, source.tokenizer)
-  mesh = mesh or sharding.create_mesh(**config.mesh)
+  mesh = mesh or sharding.create_mesh(-1, 1)
   if source.kind == "params":
     return Weights(config, checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR),
                                                       abstract(config, mesh)), source.tokenizer)

@@ -221,14 +221,15 @@ def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
 
 
 def test_pretraining_continues_from_a_workdir_of_another_mesh(tiny_data, tmp_path):
-  """train.init_from restores a workdir's weights onto this run's mesh, whichever mesh it was trained on (here one of
-  3 data-parallel devices, which this host cannot build)."""
+  """train.init_from restores a workdir's weights onto this run's mesh, and export and fine-tuning read them, whichever
+  mesh they were trained on (here one of 3 data-parallel devices, which this host cannot build)."""
   config = helpers.tiny_config(tiny_data, "shared", num_layers=2)
   source = str(tmp_path / "source")
   params = helpers.save_workdir(config, source)
   saved = workdir_lib.load_config(source)
   saved.mesh.data = 3
   workdir_lib.write_config(source, saved)
+  jax.tree.map(np.testing.assert_array_equal, weights.load(source).params, params)
   config.train.update(init_from=source, learning_rate=0.0, num_steps=1, eval_every=1)
   pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
   jax.tree.map(np.testing.assert_array_equal, weights.load(str(tmp_path / "run")).params, params)
