@@ -40,7 +40,7 @@ def define_flags():
 
 def _finetune_targets(ft, encoder, devices):
   """(targets, model FLOPs per train step, tokens per step, what the encoder is) of a fine-tuning config."""
-  from electra_jax import config as config_lib, flops, weights  # pylint: disable=g-import-not-at-top
+  from electra_jax import config as config_lib, flops, modeling, weights  # pylint: disable=g-import-not-at-top
   from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.finetune import experiment, heads  # pylint: disable=g-import-not-at-top
   if ft.init_from:
@@ -55,7 +55,7 @@ def _finetune_targets(ft, encoder, devices):
     source.data.vocab_size = tokenizer_lib.Tokenizer(ft.tokenizer).vocab_size if ft.tokenizer else BERT_VOCAB
     what = f"{encoder or 'config.model'} encoder, vocabulary {source.data.vocab_size}"
   seq_len = min(ft.seq_len, source.model.max_position_embeddings)
-  mc = experiment.encoder_config(ft, source)
+  mc = experiment.encoder_config(ft, modeling.ModelConfig.from_config(source))
   head_type = heads.HEADS.get(ft.task.type)
   if head_type is None:
     raise ValueError(f"task.type={ft.task.type!r}: expected one of {', '.join(heads.HEADS)}")

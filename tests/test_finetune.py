@@ -105,7 +105,7 @@ def test_loaded_encoder_is_the_discriminator(workdir):
   ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
   want = modeling.Electra(mc).apply({"params": params}, ids, seg, method=modeling.Electra.encode)
-  enc = model_lib.encoder_params(src_config, src_params)
+  enc = model_lib.encoder_params(mc, src_params)
   got = modeling.Electra(dataclasses.replace(mc, embedding_sharing="shared")).apply(
       {"params": enc}, ids, seg, method=modeling.Electra.encode)
   np.testing.assert_allclose(got, want, atol=1e-6)

@@ -88,7 +88,7 @@ def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp
   state, _ = loop.restore_or_init(s, ckpt, plan)
   ckpt.close()
   encoder = jax.device_get(state.params["electra"])
-  pretrained = jax.device_get(model_lib.encoder_params(config, params))
+  pretrained = jax.device_get(model_lib.encoder_params(modeling.ModelConfig.from_config(config), params))
   fresh = jax.device_get(s.sharded.init(jax.random.key(c.train.seed)).params["electra"])
   same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
   assert same(encoder["embeddings"], pretrained["embeddings"])

@@ -74,10 +74,10 @@ def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
 
 
-def encoder_config(ft: ml_collections.ConfigDict, src_config: ml_collections.ConfigDict) -> modeling.ModelConfig:
-  """The discriminator alone, in the shared layout, with the fine-tuning dropout."""
-  return dataclasses.replace(modeling.ModelConfig.from_config(src_config), embedding_sharing="shared",
-                             dropout_rate=ft.train.dropout_rate, attention_dropout_rate=ft.train.dropout_rate)
+def encoder_config(ft: ml_collections.ConfigDict, src: modeling.ModelConfig) -> modeling.ModelConfig:
+  """The discriminator of the pre-training model `src` alone, in the shared layout, with the fine-tuning dropout."""
+  return dataclasses.replace(src, embedding_sharing="shared", dropout_rate=ft.train.dropout_rate,
+                             attention_dropout_rate=ft.train.dropout_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,8 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   starts from (`init`; None: random init of config.model's sizes), the tokenizer, and whether the run starts afresh
   (a resumed run reads init's architecture alone); nothing is written."""
   src_config, src_params = model_lib.load_source(ft, init, tokenizer_path, with_params=fresh)
-  encoder = None if src_params is None else jax.device_get(model_lib.encoder_params(src_config, src_params))
+  src_mc = modeling.ModelConfig.from_config(src_config)
+  encoder = None if src_params is None else jax.device_get(model_lib.encoder_params(src_mc, src_params))
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != src_config.data.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
@@ -137,7 +138,7 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
   train, dev = head.take(train, rest), head.take(train, dev) if len(dev) else None
 
-  mc = encoder_config(ft, src_config)
+  mc = encoder_config(ft, src_mc)
   for key in ("min_steps", "patience", "reinit_layers"):
     if ft.train[key] < 0:
       raise ValueError(f"train.{key}={ft.train[key]} must be at least 0")

@@ -121,7 +121,8 @@ def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, toke
   return source.config, source.params
 
 
-def encoder_params(config, params):
-  """The discriminator's encoder in the Classifier's layout (its effective embeddings: gdes folded)."""
-  d = hf_convert.network_params(modeling.ModelConfig.from_config(config), params, "discriminator")
+def encoder_params(mc: modeling.ModelConfig, params):
+  """The discriminator's encoder in the Classifier's layout (its effective embeddings: gdes folded), from the
+  parameters of the pre-training model `mc` describes."""
+  d = hf_convert.network_params(mc, params, "discriminator")
   return {"embeddings": d["embeddings"], "discriminator": d["encoder"]}
