@@ -171,9 +171,8 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
   return entry.loss(b, **loss_args)
 
 
-def init_params(model: modeling.Electra, config: ml_collections.ConfigDict, rng: jax.Array):
-  """The boxed parameters `config.objective.name` trains, at the config's sequence length. Their shapes do not depend
-  on how many positions are masked: one stands for them."""
-  ids = jnp.ones((1, config.data.seq_len), jnp.int32)
-  positions = jnp.zeros((1, 1), jnp.int32)
-  return model.init(rng, ids, jnp.zeros_like(ids), positions, method=get(config.objective.name).init)["params"]
+def init_params(model: modeling.Electra, objective: str, seq_len: int, rng: jax.Array):
+  """The boxed parameters `objective` (an objective.name) trains, at sequence length `seq_len`. Their shapes do not
+  depend on how many positions are masked: one stands for them."""
+  ids = jnp.ones((1, seq_len), jnp.int32)
+  return model.init(rng, ids, jnp.zeros_like(ids), jnp.zeros((1, 1), jnp.int32), method=get(objective).init)["params"]

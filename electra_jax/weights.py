@@ -32,7 +32,7 @@ def abstract(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None =
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
 
   def init(rng):
-    params = objectives.init_params(model, config, rng)
+    params = objectives.init_params(model, config.objective.name, config.data.seq_len, rng)
     return params if tx is None else state.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   boxed = jax.eval_shape(init, jax.random.key(0))
   shapes = nn.meta.unbox(boxed)

@@ -18,7 +18,7 @@ from electra_jax.special_ids import SpecialIds
 def _init(config, objective="electra"):
   config.objective.name = objective
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  return model, jax.eval_shape(lambda: objectives.init_params(model, config, jax.random.key(0)))
+  return model, jax.eval_shape(lambda: objectives.init_params(model, objective, config.data.seq_len, jax.random.key(0)))
 
 
 def test_small_parameter_counts_equal_hf():
@@ -137,8 +137,8 @@ def _attention_inputs():
   attention rather than a near-uniform one that hides a wrong scale) and a batch shaped like packed data: full rows
   and rows padded from 9, 20 or 31 on, so that an unmasked pad would change the outputs."""
   c = _attention_config()
-  params = flax.core.meta.unbox(objectives.init_params(modeling.Electra(modeling.ModelConfig.from_config(c)), c,
-                                                       jax.random.key(0)))
+  params = flax.core.meta.unbox(objectives.init_params(modeling.Electra(modeling.ModelConfig.from_config(c)),
+                                                       c.objective.name, c.data.seq_len, jax.random.key(0)))
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x + (0.2 if path[-2].key in ("query", "key") else 0.05) *
@@ -239,10 +239,11 @@ def test_scanned_layers_are_the_unrolled_layers():
   c.model.update(num_layers=3, remat=True)
   c.data.update(vocab_size=100, seq_len=16)
   unrolled = modeling.Electra(modeling.ModelConfig.from_config(c))
-  params = flax.linen.meta.unbox(objectives.init_params(unrolled, c, jax.random.key(0)))
+  init = lambda model: objectives.init_params(model, c.objective.name, c.data.seq_len, jax.random.key(0))
+  params = flax.linen.meta.unbox(init(unrolled))
   scanned = modeling.Electra(dataclasses.replace(unrolled.config, scan_layers=True))
-  assert jax.tree.structure(jax.eval_shape(lambda: objectives.init_params(scanned, c, jax.random.key(0)))) == \
-      jax.tree.structure(jax.eval_shape(lambda: objectives.init_params(unrolled, c, jax.random.key(0))))
+  assert jax.tree.structure(jax.eval_shape(lambda: init(scanned))) == \
+      jax.tree.structure(jax.eval_shape(lambda: init(unrolled)))
   ids = jnp.asarray(np.random.default_rng(0).integers(5, 100, (2, 16)), jnp.int32)
   seg = jnp.zeros_like(ids)
 

@@ -205,7 +205,8 @@ def test_uniform_replacement_trains_discriminator_alone():
   c.data.update(vocab_size=VOCAB, seq_len=128)
   c.objective.name = "uniform_replacement"
   model = modeling.Electra(modeling.ModelConfig.from_config(c))
-  params = nn.meta.unbox(jax.jit(lambda k: objectives.init_params(model, c, k))(jax.random.key(0)))
+  params = nn.meta.unbox(jax.jit(lambda k: objectives.init_params(model, c.objective.name, c.data.seq_len, k))(
+      jax.random.key(0)))
   assert set(params) == {"embeddings", "discriminator", "discriminator_head"}
   ids = _batch(np.random.default_rng(1), batch=64)
   loss, metrics = objectives.compute_loss(model, params, {"input_ids": ids, "segment_ids": jnp.zeros_like(ids)},

@@ -210,7 +210,6 @@ TAKE_A_CONFIGDICT = {
     "optim.build": "the train section: the optimiser recipe's keys",
     "optim.create": "the train section",
     "objectives.compute_loss": "the objective section, read inside the step (losses.Batch carries it)",
-    "objectives.init_params": "the objective's name and the data's sequence length",
     "objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
     "two_stage.wrap_update": "its switch step",
     "two_stage.switch_step": "checks sizes, sharing and fraction",

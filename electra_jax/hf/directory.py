@@ -143,7 +143,9 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
   model_config = modeling.ModelConfig.from_config(config)
 
   # Start from a fresh init so that parts HF lacks (a generator when none is given) are initialised as ours are.
-  init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(modeling.Electra(model_config), config, rng)))
+  model = modeling.Electra(model_config)
+  init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(model, config.objective.name, config.data.seq_len,
+                                                                  rng)))
   params = jax.device_get(init(jax.random.key(config.train.seed)))
   emb_key = ("embeddings", "embeddings") if shared else ("discriminator_embeddings", "generator_embeddings")
   params[emb_key[0]] = d["embeddings"]
