@@ -83,8 +83,8 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   sharding.check_batch(config.train.batch_size, mesh)
   accum_steps = config.train.grad_accum_steps
   accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
-  init_params = functools.partial(objectives.init_params, model, config.objective.name, config.data.seq_len)
-  sharded = state_lib.create(init_params, tx, mesh)
+  sharded = state_lib.create(functools.partial(objectives.init_params, model, config.objective.name,
+                                               config.data.seq_len), tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
   kw = dict(model=model, objective=config.objective, special=special, word_starts=words)
   step = sharded.jit_step(functools.partial(train_step, update=update, accum_steps=accum_steps,
