@@ -123,7 +123,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       tokenizer_sentences=1_000_000,  # SentencePiece trains on at most this many sentences (the corpus's first)
       seed=0,  # packing randomness (segment split, short examples); fixed so prepared data is reproducible
       num_workers=0,  # tokenization processes; 0 = all cores
-      num_shards=0,  # files per split; 0 = TFDS's choice (64 MiB to 1 GiB each)
+      num_shards=0,  # files per split; 0 = a power of two of 16 MiB or more each, up to 256
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1,  # -1: all devices not used by fsdp
