@@ -41,7 +41,7 @@ replicate: venv
 	  --output=docs/replication.md
 
 test: venv
-	$(PY) -m pytest -n 2 --dist=loadfile -q tests
+	$(PY) -m pytest -n 2 --dist=loadfile -q --durations=15 tests
 
 clean:
 	rm -rf $(VENV) runs
