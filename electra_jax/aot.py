@@ -10,6 +10,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # libtpu's words when a program does not fit: its temporaries exceed the HBM left for them (found early), or its
@@ -38,11 +39,18 @@ class Report:
 
 
 class OutOfMemory(Exception):
-  """The compiler found no memory plan within the device's HBM."""
+  """The compiler found no memory plan within the device's HBM: what it needed and had, for the temporaries alone
+  (`whole` False) or for the whole plan, weights and optimiser state included (`whole` True)."""
 
-  def __init__(self, name: str, temp_bytes: int, available_bytes: int, message: str):
+  def __init__(self, name: str, need_bytes: int, available_bytes: int, whole: bool, message: str):
     super().__init__(message)
-    self.name, self.temp_bytes, self.available_bytes = name, temp_bytes, available_bytes
+    self.name, self.need_bytes, self.available_bytes, self.whole = name, need_bytes, available_bytes, whole
+
+  def temporaries(self, fixed_bytes: int) -> tuple[int, int]:
+    """(needed, available) for the temporaries, given what does not grow with the batch (a fitting plan's
+    arguments, outputs and code)."""
+    return (self.need_bytes - fixed_bytes, self.available_bytes - fixed_bytes) if self.whole else (
+        self.need_bytes, self.available_bytes)
 
 
 def gib(n: float) -> str:
@@ -71,8 +79,9 @@ def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
     if "RESOURCE_EXHAUSTED" not in str(e) or not found:
       raise
     groups = found.groups()
-    need, need_unit, have, have_unit = groups[:4] if groups[0] is not None else groups[4:]
-    raise OutOfMemory(name, int(float(need) * UNITS[need_unit]), int(float(have) * UNITS[have_unit]),
+    whole = groups[0] is None
+    need, need_unit, have, have_unit = groups[4:] if whole else groups[:4]
+    raise OutOfMemory(name, int(float(need) * UNITS[need_unit]), int(float(have) * UNITS[have_unit]), whole,
                       " ".join(str(e).split())) from None
   t2 = time.perf_counter()
   m = compiled.memory_analysis()
@@ -95,27 +104,43 @@ class Fit:
 def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, rows_per_device: int,
                 multiple: int = 1, tries: int = 3) -> Fit | None:
   """The largest per-device batch (a multiple of `multiple`) that fits, from how the step's temporaries grow with the
-  batch: the plan at `multiple` rows and the compiler's need at `rows_per_device` (from `too_large`) fix a line whose
-  crossing of the available HBM one compile confirms (a miss moves the line's far end there, at most `tries` compiles
-  in all). None when even `multiple` rows do not fit."""
+  batch: the plan at `multiple` rows and the compiler's need at `rows_per_device` (from `too_large`) fix a line
+  whose crossing of the HBM left for temporaries one compile confirms; a miss adds its need, and the curve through
+  the plan and the two nearest misses (the growth is not quite linear) gives the next try, at most `tries` compiles
+  in all. None when even `multiple` rows do not fit."""
   try:
     fits = (multiple, compile_at(multiple))
   except OutOfMemory:
     return None
-  fail = (rows_per_device, too_large.temp_bytes)
+  fixed = fits[1].peak_bytes - fits[1].temp_bytes  # weights, optimiser state, code: the same at any batch
+  available = too_large.temporaries(fixed)[1]
+  points = [(fits[0], fits[1].temp_bytes), (rows_per_device, too_large.temporaries(fixed)[0])]
   predicted = None
   for _ in range(tries):
-    slope = (fail[1] - fits[1].temp_bytes) / (fail[0] - fits[0])
-    rows = fits[0] + (too_large.available_bytes - fits[1].temp_bytes) / slope
-    rows = min(fail[0] - multiple, int(rows // multiple) * multiple)
+    crossing = _crossing(points[:1] + points[1:][-2:], available)  # the plan and the two nearest misses
+    rows = min(points[-1][0] - multiple, int(crossing // multiple) * multiple)
     predicted = predicted or rows
     if rows <= fits[0]:
       break
     try:
       return Fit(rows, compile_at(rows), predicted)
     except OutOfMemory as e:
-      fail = (rows, e.temp_bytes)
+      points.append((rows, e.temporaries(fixed)[0]))
   return Fit(fits[0], fits[1], predicted)
+
+
+def _crossing(points: list[tuple[int, int]], level: int) -> float:
+  """Where the line (two points) or parabola (three) through (rows, bytes) points reaches `level`, between the first
+  point's rows and the last's; the line through the last two where the parabola has no such crossing."""
+  x, y = np.array(points, dtype=float).T
+  lo, hi = x[0], x[-1]
+  if len(points) == 3:
+    roots = np.roots(np.polyfit(x, y - level, 2))
+    inside = [r.real for r in roots if abs(r.imag) < 1e-9 and lo < r.real < hi]
+    if inside:
+      return max(inside)
+  (x0, x1), (y0, y1) = x[-2:], y[-2:]
+  return x1 + (level - y1) * (x1 - x0) / (y1 - y0) if y1 != y0 else lo
 
 
 def int_batch(sharding, batch: int, seq_len: int, **extra) -> dict:

@@ -99,18 +99,20 @@ def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
     return aot.compile_step(*targets[0])
 
   fit = aot.largest_fit(compile_at, too_large, config.train.batch_size // n, multiple=accum)
-  need = (f"{name}'s {too_large.name} needs {aot.gib(too_large.temp_bytes)} of temporaries per device at "
+  what, room = ("of HBM in all", "of HBM") if too_large.whole else ("of temporaries", "of HBM left for them")
+  need = (f"{name}'s {too_large.name} needs {aot.gib(too_large.need_bytes)} {what} per device at "
           f"train.batch_size={config.train.batch_size} ({config.train.batch_size // n} rows per device) where a "
-          f"{slice_.name} device has {aot.gib(too_large.available_bytes)} of HBM left for them")
+          f"{slice_.name} device has {aot.gib(too_large.available_bytes)} {room}")
+  remat = not (config.get("model") and config.model.get("remat"))  # a remedy only where it is not on already
   if fit is None:
-    return (f"{need}; not even {accum} row(s) per device fit: set model.remat=True, mesh.fsdp (shard the weights) "
-            "or a larger slice")
+    return (f"{need}; not even {accum} row(s) per device fit: set {'model.remat=True, ' * remat}mesh.fsdp (shard "
+            "the weights) or a larger slice")
   rows = config.train.batch_size // n
   # The fewest micro-batches, each an equal share of every device's rows, that are no larger than what fits.
   micro = next(k for k in range(accum, rows + 1) if rows % k == 0 and rows // k <= fit.rows_per_device)
   return (f"{need}; the largest batch that fits is train.batch_size={fit.rows_per_device * n} ({fit.rows_per_device} "
-          f"rows per device: it compiles), or keep the batch with train.grad_accum_steps={micro} or "
-          "model.remat=True")
+          f"rows per device: it compiles), or keep the batch with train.grad_accum_steps={micro}" +
+          " or model.remat=True" * remat)
 
 
 def _row(r, model_flops, tokens, n, hbm, peak) -> dict:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from electra_jax import topology
+from electra_jax import aot, topology
 from tests import helpers
 
 ROOT = helpers.ROOT
@@ -87,3 +87,30 @@ def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
   assert 8 <= suggested < 4096 and suggested % 8 == 0
   fits = report(compile_command(*flags, f"--config.train.batch_size={suggested}"))
   assert fits["steps"][0]["temp_bytes"] < 7.48 * 2**30
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["temporaries", "whole_plan"])
+def test_the_fit_search_reads_misses_near_the_crossing(whole):
+  """The search against a compiler stand-in whose temporaries grow more slowly than a line from one row predicts, so
+  that line overshoots every time (a search along it ended at one row for Large on a v3-8): reading the slope off the
+  two nearest misses, it lands on a batch that fits, near the largest, within its compiles; libtpu's late wording
+  (the whole plan, weights included) is read net of what does not grow with the batch."""
+  gib, fixed, hbm = 2**30, 3 * 2**30, 16 * 2**30
+
+  def temps(rows):
+    return int((0.2 + 0.12 * rows - 0.0002 * rows**2) * gib)
+
+  largest = max(r for r in range(1, 257) if temps(r) <= hbm - fixed)
+  compiled = []
+
+  def compile_at(rows):
+    compiled.append(rows)
+    if temps(rows) > hbm - fixed:
+      need, have = (temps(rows) + fixed, hbm) if whole else (temps(rows), hbm - fixed)
+      raise aot.OutOfMemory("train step", need, have, whole, "out of HBM")
+    return aot.Report("train step", 0, 0, fixed, 0, 0, temps(rows), 0, 0.0, None)
+
+  need, have = (temps(256) + fixed, hbm) if whole else (temps(256), hbm - fixed)
+  fit = aot.largest_fit(compile_at, aot.OutOfMemory("train step", need, have, whole, "out of HBM"), 256)
+  assert temps(fit.rows_per_device) <= hbm - fixed and fit.rows_per_device >= 0.9 * largest, (fit, largest, compiled)
+  assert len(compiled) <= 4 and compiled[0] == 1
