@@ -110,9 +110,11 @@ def test_finetuning_onto_a_full_disk_keeps_the_earlier_best(tiny_data, tmp_path)
   weights.export_hf(str(tmp_path / "pretrain"), str(tmp_path / "probe"))  # best/ holds as much, less the generator
   best = _bytes_under(tmp_path / "probe") - _bytes_under(tmp_path / "probe" / "generator") + (64 << 10)
   result = _on_small_disk(f"{command}; echo exit=$?; cp -r disk/ft/best best", best + encoder // 2, tmp_path)
-  last = result.stderr.strip().splitlines()[-1]
+  # Orbax's and TensorStore's threads log the failed write (with tracebacks), and one may still be writing its log
+  # as the command prints its line: the line is the command's last one, not always stderr's.
+  lines = [l for l in result.stderr.strip().splitlines() if l.startswith("electra-finetune: error: ")]
+  last = lines[-1] if len(lines) == 1 else result.stderr[-3000:]
   print(last)
-  # Orbax's and TensorStore's threads log the failed write (with tracebacks) before the line.
   assert result.stdout.strip().endswith("exit=1"), result.stderr[-3000:]
   checkpoints = re.escape(f"{tmp_path}/disk/ft/checkpoints")
   assert re.fullmatch(rf"electra-finetune: error: saving a checkpoint under {checkpoints} failed \(.*; no space: a "
