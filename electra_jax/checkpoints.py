@@ -57,13 +57,15 @@ class CorruptCheckpointError(ValueError):
 
 
 class OtherModelError(ValueError):
-  """A checkpoint of another model than the run builds (its arrays' shapes differ). `saved_config`, the config it
-  was written with, lets the caller say which of its own settings differ."""
+  """A checkpoint of another model than the run builds: at `name` its array is `saved`, the run's `wanted` (a shape,
+  or None where one side has none). `saved_config`, the config it was written with, lets the caller say which of its
+  own settings differ."""
 
-  def __init__(self, message: str, where: str, saved_config: dict):
-    super().__init__(message)
-    self.where = where
-    self.saved_config = saved_config
+  def __init__(self, where: str, name: str, saved, wanted, saved_config: dict | None = None):
+    super().__init__(f"{where} holds a model of other shapes than this config builds (e.g. {name}: {saved} saved, "
+                     f"{wanted} here): resume with the settings it was written with, or use a new --workdir")
+    self.where, self.name, self.saved, self.wanted = where, name, saved, wanted
+    self.saved_config = saved_config or {}
 
 
 class Checkpointer:
@@ -95,7 +97,8 @@ class Checkpointer:
     with _without_read_only_notice():
       self._manager = ocp.CheckpointManager(
           self.directory, options=options,
-          item_handlers=dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
+          # PyTree's handler (Standard's is a strict wrapper of it) restores a part of the state: init_from's params.
+          item_handlers=dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
                              rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
                              checksums=ocp.JsonCheckpointHandler()))
 
@@ -126,7 +129,7 @@ class Checkpointer:
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
     try:
       saved = self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
+          state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
           config=ocp.args.JsonSave(json.loads(self.config.to_json())),
           checksums=ocp.args.JsonSave(checksums(state))), force=force)
     except Exception as e:  # pylint: disable=broad-except
@@ -135,10 +138,11 @@ class Checkpointer:
       self.last_saved = step
     return saved
 
-  def restore(self, abstract_state, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
+  def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
     """The checkpoint at `step`, its arrays placed with the shardings of `abstract_state` (the current mesh) and
-    checked against their checksums. Default: the newest intact checkpoint, after a one-line warning for each newer
-    corrupt or unreadable one (renamed to <step>.corrupt if `set_aside_corrupt`, so that the run can save that step
+    checked against their checksums; a dict names a part of the state ({"params": ...}): only that part is read;
+    None: the whole state as saved (nested dicts), whole on every device. Default step: the newest intact checkpoint,
+    after a one-line warning for each newer corrupt or unreadable one (renamed to <step>.corrupt if `set_aside_corrupt`, so that the run can save that step
     again; never deleted). Raises a one-line ValueError when none is intact, or when a checkpoint cannot continue
     this run's model or tokenizer."""
     if step is not None:
@@ -173,18 +177,23 @@ class Checkpointer:
       items["checksums"] = ocp.args.JsonRestore()
     try:
       saved = self._manager.restore(step, args=ocp.args.Composite(**items))
-      saved_state = self._manager.item_metadata(step).state
+      saved_state = self._manager.item_metadata(step).state.tree
     except Exception as e:  # pylint: disable=broad-except  (Orbax and TensorStore raise many kinds)
       raise _unreadable(step, where, e) from e
-    _check_model(where, saved_state, abstract_state, saved.config)
+    if abstract_state is None:
+      abstract_state = as_saved(saved_state)
+    elif isinstance(abstract_state, dict):  # a part of the state
+      saved_state = {k: saved_state.get(k) for k in abstract_state}
+    check_model(where, saved_state, abstract_state, saved.config)
     extra = dict(saved.data)
     tokenizer = extra.pop(TOKENIZER_KEY, None)
     if self._tokenizer and tokenizer not in (None, self._tokenizer):
       raise ValueError(f"{where} was trained with another tokenizer (their SHA-256 differ): resume with the "
                        "tokenizer it was trained with, or use a new --workdir")
     try:
-      state = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state))).state
+      state = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          abstract_state, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
+          partial_restore=True))).state
     except Exception as e:  # pylint: disable=broad-except
       raise _unreadable(step, where, e) from e
     if "checksums" in items:
@@ -243,15 +252,20 @@ class Checkpointer:
     return self._failure
 
 
-def _check_model(where: str, saved_tree, abstract_state, saved_config: dict):
-  """A clear error when the checkpoint holds another model than this run builds (Orbax's would name one array)."""
-  saved = _shapes(saved_tree)
-  wanted = _shapes(abstract_state)
+def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None = None):
+  """An OtherModelError naming the first array where `saved_tree` and `wanted_tree` differ in shape (Orbax's error
+  would name one array deep in a traceback)."""
+  saved, wanted = _shapes(saved_tree), _shapes(wanted_tree)
   if saved != wanted:
-    key = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
-    raise OtherModelError(f"{where} holds a model of other shapes than this config builds (e.g. {key}: "
-                          f"{saved.get(key)} saved, {wanted.get(key)} here): resume with the settings it was written "
-                          "with, or use a new --workdir", where, saved_config)
+    name = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
+    raise OtherModelError(where, name, saved.get(name), wanted.get(name), saved_config)
+
+
+def as_saved(tree_metadata):
+  """Orbax's metadata of a saved tree as its ShapeDtypeStructs, whole on every device: a reader's default target (the
+  mesh a run was trained on may not fit this host)."""
+  replicated = sharding.replicated(sharding.create_mesh(-1, 1))
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated), tree_metadata)
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):
@@ -320,7 +334,13 @@ def save_params(directory: str, params):
     ckptr.save(storage.absolute(directory), params)
 
 
-def restore_params(directory: str, abstract_params):
-  """save_params' tree, placed per `abstract_params`' shardings."""
+def restore_params(directory: str, abstract_params=None):
+  """save_params' tree, placed per `abstract_params`' shardings (an OtherModelError where it has other shapes);
+  None: as saved, whole on every device."""
+  directory = storage.absolute(directory)
   with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(storage.absolute(directory), abstract_params)
+    saved = ckptr.metadata(directory).item_metadata.tree
+    if abstract_params is None:
+      abstract_params = as_saved(saved)
+    check_model(directory, saved, abstract_params)
+    return ckptr.restore(directory, abstract_params)

@@ -4,39 +4,22 @@ fine-tuning and train.init_from (a workdir's whole training state for train.init
 export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
 
 A new weight format is one more branch in `read`."""
+import contextlib
 import os
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
-import optax
 
-from electra_jax import checkpoints, modeling, objectives, optim, sharding, sources, state, storage
+from electra_jax import checkpoints, sources, state, storage
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
 
 
 class Weights(NamedTuple):
-  config: ml_collections.ConfigDict  # the pre-training config the parameters fit (abstract(config))
+  config: ml_collections.ConfigDict  # the pre-training config the parameters fit
   params: Any  # None when only the architecture was asked for
   tokenizer: str  # the tokenizer file they were trained with
-
-
-def abstract(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None,
-             tx: optax.GradientTransformation | None = None):
-  """The parameters `config` builds, as ShapeDtypeStructs traced by jax.eval_shape (nothing compiled, nothing
-  allocated), each carrying its sharding on `mesh` where one is given: what weights are restored onto. With the
-  optimiser `tx`, the whole TrainState instead: a pre-training checkpoint is restored whole."""
-  model = modeling.Electra(modeling.ModelConfig.from_config(config))
-
-  def init(rng):
-    params = objectives.init_params(model, config.objective.name, config.data.seq_len, rng)
-    return params if tx is None else state.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  boxed = jax.eval_shape(init, jax.random.key(0))
-  shapes = nn.meta.unbox(boxed)
-  return shapes if mesh is None else state.abstract(shapes, sharding.tree_shardings(boxed, mesh))
 
 
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
@@ -45,31 +28,33 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
   return read(sources.resolve(source, generator or ""), step, with_params)
 
 
-def read(source: sources.Source, step: int | None = None, with_params: bool = True,
-         mesh: jax.sharding.Mesh | None = None) -> Weights:
-  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), on `mesh` (default:
-  every device, each holding them whole: the mesh they were trained on may not fit this host; HF weights: host
-  arrays). with_params=False reads the architecture and tokenizer only."""
+def read(source: sources.Source, step: int | None = None, with_params: bool = True, target=None) -> Weights:
+  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one). `target`: the
+  parameters' ShapeDtypeStructs carrying the shardings to place them with, which they must fit (a one-line
+  checkpoints.OtherModelError at the first difference); default: as saved, whole on every device (the mesh they were
+  trained on may not fit this host), HF weights as host arrays. with_params=False reads the architecture and
+  tokenizer only."""
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.generator or None, source.tokenizer)
+    if target is not None:
+      checkpoints.check_model(source.path, params, target)
+      params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, target))
     return Weights(config, params if with_params else None, source.tokenizer)
-  config = source.config
   if not with_params:
-    return Weights(config, None, source.tokenizer)
-  mesh = mesh or sharding.create_mesh(-1, 1)
+    return Weights(source.config, None, source.tokenizer)
   if source.kind == "params":
-    return Weights(config, checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR),
-                                                      abstract(config, mesh)), source.tokenizer)
-  target = abstract(config, mesh, optim.create(config.train)[0])
-  return Weights(config, _restore(source.path, config, target, step).params, source.tokenizer)
+    params = checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR), target)
+  else:
+    params = _restore(source, None if target is None else dict(params=target), step)["params"]
+  return Weights(source.config, params, source.tokenizer)
 
 
-def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int | None = None) -> state.TrainState:
-  """The TrainState of `workdir`'s checkpoint at `step` (default: the latest intact one), written with `config`,
-  placed as `target` says."""
-  if checkpoints.latest_step(workdir) is None:
-    raise FileNotFoundError(f"{workdir} has no checkpoint under {workdir}/checkpoints")
-  ckpt = checkpoints.Checkpointer(workdir, config, read_only=True)  # `workdir` may be a live run's
+def _restore(source: sources.Source, target, step: int | None = None):
+  """The state (or the part of it `target` names) of workdir `source`'s checkpoint at `step` (default: the latest
+  intact one)."""
+  if checkpoints.latest_step(source.path) is None:
+    raise FileNotFoundError(f"{source.path} has no checkpoint under {source.path}/checkpoints")
+  ckpt = checkpoints.Checkpointer(source.path, source.config, read_only=True)  # it may be a live run's workdir
   try:
     return ckpt.restore(target, step).state
   finally:
@@ -77,12 +62,10 @@ def _restore(workdir: str, config: ml_collections.ConfigDict, target, step: int 
 
 
 def params_onto(source: sources.Source, sharded: state.Sharded):
-  """The weights in `source` placed on `sharded`'s mesh (restored onto it: the source's own mesh may not fit this
-  host), after checking that they fit its parameters (the plan checked their tokenizer)."""
-  loaded = read(source, mesh=sharded.mesh)
-  _check_fit(source.path, sharded.abstract().params, loaded.params,
-             "model sizes, vocabulary, embedding_sharing and objective must match")
-  return jax.device_put(loaded.params, sharded.state.params)
+  """train.init_from: the weights in `source` placed on `sharded`'s mesh (restored onto it: the source's own mesh may
+  not fit this host), where they fit its parameters (the plan checked their tokenizer)."""
+  with _fit(source, "model sizes, vocabulary, embedding_sharing and objective must match"):
+    return read(source, target=sharded.abstract().params).params
 
 
 def state_onto(source: sources.Source, sharded: state.Sharded, num_steps: int) -> state.TrainState:
@@ -91,12 +74,9 @@ def state_onto(source: sources.Source, sharded: state.Sharded, num_steps: int) -
   data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where its optimiser
   state does not fit this run's optimiser, or where its step leaves no step to train up to `num_steps` (the plan
   checked that `source` is a workdir with the data's tokenizer)."""
-  config = source.config
-  target = sharded.abstract()
-  _check_fit(source.path, target, abstract(config, tx=optim.create(config.train)[0]),
-             "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the parameters' "
-             "shapes")
-  restored = _restore(source.path, config, target)
+  with _fit(source, "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the "
+            "parameters' shapes"):
+    restored = _restore(source, sharded.abstract())
   step = int(restored.step)
   if step >= num_steps:
     raise ValueError(f"train.init_from={source.path} is at step {step}, which leaves nothing to train up to "
@@ -105,18 +85,15 @@ def state_onto(source: sources.Source, sharded: state.Sharded, num_steps: int) -
   return restored
 
 
-def _check_fit(source: str, ours, theirs, hint: str):
-  """A one-line error at the first path where init_from's tree `theirs` and this config's `ours` differ in shape."""
-  ours, theirs = _shapes(ours), _shapes(theirs)
-  for path in sorted(ours.keys() | theirs.keys()):
-    if ours.get(path) != theirs.get(path):
-      raise ValueError(f"train.init_from={source} does not fit this config at {path}: {theirs.get(path, 'missing')} "
-                       f"there, {ours.get(path, 'absent')} here ({hint})")
-
-
-def _shapes(tree) -> dict:
-  return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+@contextlib.contextmanager
+def _fit(source: sources.Source, hint: str):
+  """init_from's words for weights of another model than this config builds."""
+  try:
+    yield
+  except checkpoints.OtherModelError as e:
+    theirs, ours = ("missing" if e.saved is None else e.saved), ("absent" if e.wanted is None else e.wanted)
+    raise ValueError(f"train.init_from={source.path} does not fit this config at {e.name}: {theirs} there, {ours} "
+                     f"here ({hint})") from None
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:

@@ -1,6 +1,7 @@
 """What pins us to the official ELECTRA code (google-research/electra) where docs/fidelity.md says we follow it: its
 optimiser step for step, its layer-wise LR decay, its weight-decay mask, and continued pre-training from checkpoints
 of the shapes Google released."""
+import functools
 import importlib
 import os
 import random
@@ -18,7 +19,7 @@ from configs import base as base_preset
 from configs import large as large_preset
 from configs import small_plus as small_plus_preset
 from electra_jax import config as config_lib
-from electra_jax import modeling, optim, weights
+from electra_jax import modeling, objectives, optim, weights
 from electra_jax.finetune import config as finetune_config
 from electra_jax.finetune import model as model_lib
 from electra_jax.hf import tokenizer as hf_tokenizer
@@ -229,8 +230,9 @@ def test_weight_decay_mask_is_the_official_one(sharing):
   config.data.vocab_size = 100
   config.objective.embedding_sharing = sharing
   config.model.generator_fraction = 1.0 if sharing == "all" else 0.5
-  trees = [weights.abstract(config)]
   mc = modeling.ModelConfig.from_config(config)
+  trees = [flax.linen.meta.unbox(jax.eval_shape(functools.partial(
+      objectives.init_params, modeling.Electra(mc), config.objective.name, config.data.seq_len), jax.random.key(0)))]
   ids = jnp.ones((1, 8), jnp.int32)
   trees += [flax.linen.meta.unbox(jax.eval_shape(cls(mc, 3).init, jax.random.key(0), ids, ids)["params"])
             for cls in set(model_lib.MODELS.values())]

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax import checkpoints, optim, sharding, sources, weights
+from electra_jax import checkpoints, optim, sources, weights
 from electra_jax.data import build, input_pipeline
 from electra_jax.hf import directory as hf_directory
 from electra_jax.pretrain import experiment, loop as pretrain_loop, plan as plan_lib
@@ -40,8 +40,7 @@ def _checkpoint(config, workdir: str, step: int):
   """The whole TrainState `workdir` saved at `step`."""
   ckpt = checkpoints.Checkpointer(workdir, config, read_only=True)
   try:
-    target = weights.abstract(config, sharding.create_mesh(**config.mesh), optim.create(config.train)[0])
-    return jax.device_get(ckpt.restore(target, step).state)
+    return jax.device_get(ckpt.restore(experiment.create(config).sharded.abstract(), step).state)
   finally:
     ckpt.close()
 
@@ -130,7 +129,7 @@ def test_init_from_state_refuses_what_it_cannot_continue(tiny_data, tmp_path):
   cases = [("", "electra", "train.init_from_state needs train.init_from"),
            (str(tmp_path / "export"), "electra", "export is a params export, which holds no optimiser state"),
            (str(tmp_path / "hf"), "electra", "hf is an HF directory, which holds no optimiser state"),
-           (source, "mlm", r"source does not fit this config at opt_state/.*Adam's moments have the parameters'")]
+           (source, "mlm", r"source does not fit this config at opt_state\..*Adam's moments have the parameters'")]
   for init_from, objective, message in cases:
     config.train.update(init_from=init_from, init_from_state=True)
     config.objective.name = objective

@@ -213,8 +213,6 @@ TAKE_A_CONFIGDICT = {
     "objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
     "two_stage.wrap_update": "its switch step",
     "two_stage.switch_step": "checks sizes, sharing and fraction",
-    "weights.abstract": "the config a weights source was saved with: its architecture and optimiser",
-    "weights._restore": "the saved config, for the Checkpointer that reads it",
     "sources.init_source": "train.init_from and init_from_generator",
     "sources.with_init_tokenizer": "sets data.tokenizer in the config electra-prepare and the plan resolve",
     "data.build.build": "electra-prepare's library: the data section, through the whole config",
