@@ -142,8 +142,8 @@ class Checkpointer:
     """The checkpoint at `step`, its arrays placed with the shardings of `abstract_state` (the current mesh) and
     checked against their checksums; a dict names a part of the state ({"params": ...}): only that part is read;
     None: the whole state as saved (nested dicts), whole on every device. Default step: the newest intact checkpoint,
-    after a one-line warning for each newer corrupt or unreadable one (renamed to <step>.corrupt if `set_aside_corrupt`, so that the run can save that step
-    again; never deleted). Raises a one-line ValueError when none is intact, or when a checkpoint cannot continue
+    after a one-line warning for each newer corrupt or unreadable one (renamed to <step>.corrupt if
+    `set_aside_corrupt`, so that the run can save that step again; never deleted). Raises a one-line ValueError when none is intact, or when a checkpoint cannot continue
     this run's model or tokenizer."""
     if step is not None:
       return self._restore(abstract_state, step)

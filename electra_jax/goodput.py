@@ -1,11 +1,13 @@
 """Where a training run's wall time goes, as pod-scale trainers report it: startup (data, model, init) or, when the
 run resumed from a checkpoint, restart; the first step's compilation; waiting for input; steps; evaluation (and
 logging); checkpointing; the rest. Goodput is the share spent on steps. Written into metrics.jsonl (time_*_s,
-goodput) and printed at the end of each run, with the total over every session of the workdir."""
+goodput) and printed at the end of each run, with the total over every session of the workdir; and a profiler trace
+of a few steps, for the detail."""
 import contextlib
 import json
 import time
 
+import jax
 from absl import logging
 from etils import epath
 
@@ -63,3 +65,32 @@ def report(workdir: str, split: dict, desc: str):
   overall = total(workdir)
   if overall:
     logging.info("Time of %s over its sessions: %s", workdir, describe(overall))
+
+
+class Profile:
+  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
+  <log_dir>/plugins/profile/)."""
+
+  def __init__(self, log_dir: str, start: int, count: int):
+    self.log_dir, self.start, self.end = log_dir, start, start + count - 1
+    self.active = False
+
+  def before(self, step: int):
+    if step == self.start and self.end >= self.start:
+      jax.profiler.start_trace(self.log_dir)
+      self.active = True
+
+  def step(self, step: int):
+    """Marks a step in the trace, so the profile plugin's overview gives step times."""
+    return jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
+
+  def after(self, step: int, state):
+    if self.active and step == self.end:
+      jax.block_until_ready(state)  # the trace holds the steps' device work, not just their dispatch
+      self.stop()
+      logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
+
+  def stop(self):
+    if self.active:
+      self.active = False
+      jax.profiler.stop_trace()

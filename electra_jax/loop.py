@@ -2,7 +2,6 @@
 progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
 resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
 checkpoints carry."""
-import contextlib
 import math
 import os
 import sys
@@ -97,15 +96,15 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
              disable=jax.process_index() != 0)
   in_flight = InFlight(ckpt)
   first = int(state.step) + 1
-  profile = Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
+  profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
 
   def record_time():
     with clock.phase("checkpoint"):
       ckpt.close()  # waits for the last asynchronous save
     split = clock.split()
-    writer.write(int(state.step), split)
     if writer.active:
       goodput.report(os.path.dirname(ckpt.directory), split, desc)
+    writer.write(int(state.step), split)
 
   clock.started(resumed=ckpt.restored_step is not None)
   watchdog = peers.Watchdog(peer_timeout_s, lock.record["command"], ckpt.newest_complete,
@@ -144,35 +143,6 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
       profile.stop()
       close_all((bar.close, *closers, record_time, writer.close))
   return state, False
-
-
-class Profile:
-  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
-  <log_dir>/plugins/profile/)."""
-
-  def __init__(self, log_dir: str, start: int, count: int):
-    self.log_dir, self.start, self.end = log_dir, start, start + count - 1
-    self.active = False
-
-  def before(self, step: int):
-    if step == self.start and self.end >= self.start:
-      jax.profiler.start_trace(self.log_dir)
-      self.active = True
-
-  def step(self, step: int):
-    """Marks a step in the trace, so the profile plugin's overview gives step times."""
-    return jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
-
-  def after(self, step: int, state: TrainState):
-    if self.active and step == self.end:
-      jax.block_until_ready(state)  # the trace holds the steps' device work, not just their dispatch
-      self.stop()
-      logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
-
-  def stop(self):
-    if self.active:
-      self.active = False
-      jax.profiler.stop_trace()
 
 
 def close_all(closers: Sequence[Callable[[], object]]):

@@ -1,8 +1,8 @@
 """What a weights source is (a pre-training workdir, a params export or an HF ELECTRA directory: train.init_from,
 electra-finetune's init_from, electra-export's --workdir) and which files it holds, from its files alone: nothing here
 reads weights or builds a model (weights.py loads them), so electra-prepare finds init_from's tokenizer without the
-model stack. `resolve` describes a source once (a run's plan holds it); `with_init_tokenizer` is the one place that
-decides which tokenizer a pre-training run uses."""
+model stack. `resolve` describes a source once (a run's plan holds it); `init_source` is the one place that decides
+which tokenizer a pre-training run uses."""
 import copy
 import dataclasses
 import json
@@ -75,22 +75,34 @@ def resolve(path: str, generator: str = "") -> Source:
   return Source(path, what, prepared.tokenizer_path(config), config=config)
 
 
-def init_source(config: ml_collections.ConfigDict) -> Source | None:
-  """A pre-training config's train.init_from (with train.init_from_generator), or None."""
-  train = config.train
-  return resolve(train.init_from, train.init_from_generator) if train.init_from else None
-
-
-def with_init_tokenizer(config: ml_collections.ConfigDict, init: Source | None) -> ml_collections.ConfigDict:
-  """`config` with data.tokenizer set to the tokenizer of `init` (its init_source) when it names none: continued
-  pre-training keeps the vocabulary its weights were trained with. electra-prepare and electra-pretrain both resolve
-  it, so they agree."""
-  if config.data.tokenizer or init is None:
-    return config
-  theirs = init.tokenizer
+def init_source(config: ml_collections.ConfigDict, resuming: bool = False
+                ) -> tuple[ml_collections.ConfigDict, Source | None]:
+  """A pre-training config's train.init_from (with train.init_from_generator) as a Source, or None, and `config`
+  with data.tokenizer set to its tokenizer where it names none: continued pre-training keeps the vocabulary its
+  weights were trained with. electra-prepare and electra-pretrain both call this, so they agree on the tokenizer. A
+  resuming run's weights are its workdir's: init_from then only names the tokenizer, and is not read where
+  data.tokenizer names one. One-line errors where init_from cannot start the run: no optimiser state for
+  train.init_from_state, another tokenizer than data.tokenizer."""
+  train, data = config.train, config.data
+  if train.init_from_state and not train.init_from and not resuming:
+    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
+                     "step to continue")
+  if not train.init_from or (resuming and data.tokenizer):
+    return config, None
+  init = resolve(train.init_from, train.init_from_generator)
+  if not resuming and train.init_from_state and init.kind != "workdir":
+    raise ValueError(f"train.init_from_state: {init.path} is "
+                     f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
+                     "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
+                     "fresh optimiser")
+  if not resuming and data.tokenizer and prepared.fingerprint(data.tokenizer) != prepared.fingerprint(init.tokenizer):
+    raise ValueError(f"train.init_from={init.path}: its tokenizer is not data.tokenizer={data.tokenizer}: drop "
+                     f"data.tokenizer, or prepare with --config.data.tokenizer={init.tokenizer}")
+  if data.tokenizer:
+    return config, init
   own = prepared.tokenizer_path(config)
-  if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(theirs):
-    return config  # the same vocabulary already prepared this config's data
+  if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(init.tokenizer):
+    return config, init  # the same vocabulary already prepared this config's data
   config = copy.deepcopy(config)
-  config.data.tokenizer = theirs
-  return config
+  config.data.tokenizer = init.tokenizer
+  return config, init

@@ -81,7 +81,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   to_global = input_pipeline.to_global
   monkeypatch.setattr(input_pipeline, "to_global", lambda batch, where: fed.append(batch) or to_global(batch, where))
   pretrain_loop.train_and_evaluate(second, workdir)
-  resolved = sources.with_init_tokenizer(second, sources.init_source(second))
+  resolved, _ = sources.init_source(second)
   it = input_pipeline.train_iterator(resolved, prepared)
   try:
     _assert_same(fed[0], next(it))  # phase 2's first batch is the long data's first
@@ -119,8 +119,9 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
 
 
 def test_init_from_state_refuses_what_it_cannot_continue(tiny_data, tmp_path):
-  """One-line errors, before anything is written: no workdir to take the optimiser state from, or an optimiser state
-  that does not fit (another objective). A step that leaves nothing to train: test_second_phase_at_a_longer_seq_len."""
+  """One-line errors, before anything is written: no workdir to take the optimiser state from, an optimiser state
+  that does not fit (another objective), another tokenizer than init_from's. A step that leaves nothing to train:
+  test_second_phase_at_a_longer_seq_len."""
   config = helpers.tiny_config(tiny_data)
   source = str(tmp_path / "source")
   params = helpers.save_workdir(config, source)
@@ -136,3 +137,12 @@ def test_init_from_state_refuses_what_it_cannot_continue(tiny_data, tmp_path):
     with pytest.raises(ValueError, match=message):
       pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+  # Plain init_from, with a data.tokenizer other than the one its weights were trained with.
+  other = tmp_path / "other.model"
+  other.write_bytes(open(sources.resolve(source).tokenizer, "rb").read() + b"\0")
+  config.train.update(init_from=source, init_from_state=False)
+  config.data.tokenizer = str(other)
+  with pytest.raises(ValueError, match=f"init_from={source}: its tokenizer is not data.tokenizer={other}"):
+    pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()

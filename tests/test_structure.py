@@ -153,8 +153,7 @@ def test_activation_constraints_reach_the_step():
 # resolves init_from's tokenizer as pre-training's plan does, so that the two agree; electra-bench looks its data up
 # as the plan does; weights.py's own entrances, which electra-export and the tests call with a directory, resolve that
 # directory's Source).
-DECISIONS = {"with_init_tokenizer": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
-             "init_source": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
+DECISIONS = {"init_source": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
              "sources.resolve": {"electra_jax.finetune.plan", "electra_jax.weights"},
              "prepared_lib.find": {"electra_jax.pretrain.plan", "electra_jax.bench"},
              "check_workdir": {"electra_jax.pretrain.plan"},
@@ -188,7 +187,7 @@ def test_a_runs_plan_is_decided_at_its_entrance():
 # is) for its type alone, and look nothing up again: no prepared data, weights source, saved config or checkpoint
 # (train_and_evaluate and finetune, the library's one call each, resolve the plan as main() does).
 BUILD_AND_RUN = ("pretrain.experiment", "pretrain.loop", "finetune.experiment", "finetune.loop")
-LOOKUPS = {"resolve", "find", "load", "tokenizer_path", "init_source", "with_init_tokenizer", "load_config",
+LOOKUPS = {"resolve", "find", "load", "tokenizer_path", "init_source", "load_config",
            "changes_since", "latest_step", "kind"}
 
 
@@ -213,8 +212,8 @@ TAKE_A_CONFIGDICT = {
     "objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
     "two_stage.wrap_update": "its switch step",
     "two_stage.switch_step": "checks sizes, sharing and fraction",
-    "sources.init_source": "train.init_from and init_from_generator",
-    "sources.with_init_tokenizer": "sets data.tokenizer in the config electra-prepare and the plan resolve",
+    "sources.init_source": "train.init_from: its source, and data.tokenizer set in the config electra-prepare and "
+                           "the plan resolve",
     "data.build.build": "electra-prepare's library: the data section, through the whole config",
     "data.input_pipeline.train_iterator": "train.batch_size and seed",
     "data.input_pipeline.validation_batches": "train.batch_size and eval_batches",

@@ -24,7 +24,7 @@ def build(config) -> prepared.PreparedData:
   """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   from electra_jax import sources  # pylint: disable=g-import-not-at-top  (jax: only here)
-  config = sources.with_init_tokenizer(config, sources.init_source(config))
+  config, _ = sources.init_source(config)
   from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

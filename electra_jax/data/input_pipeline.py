@@ -174,6 +174,20 @@ def train_iterator(config, prepared, state: dict | None = None, process_index: i
                        state=state)
 
 
+def resume_position(extra: dict, batch_size: int, step: int) -> dict:
+  """The input position checkpoint `step` saved, in global batches of `batch_size` (the same on any host count):
+  after a change of train.batch_size, the batch that follows the examples already seen."""
+  position = dict(extra.get("position") or {})
+  old = extra.get("batch_size", batch_size)
+  if old != batch_size and "step" in position:
+    seen = position["step"] * old
+    position["step"] = seen // batch_size
+    logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
+                    "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
+                    "step %d", old, batch_size, step, seen, position["step"], batch_size, step)
+  return position
+
+
 def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
                        num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default

@@ -108,19 +108,5 @@ def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, 
                      "(data.vocab_size): resume with the tokenizer it was trained with") from e
   step = int(restored.state.step)
   logging.info("Resumed from step %d onto a %s mesh", step, dict(exp.sharded.mesh.shape))
-  position = _input_position(restored.extra, exp.config.train.batch_size, step)
+  position = input_pipeline.resume_position(restored.extra, exp.config.train.batch_size, step)
   return restored.state, position, rng if restored.rng is None else restored.rng
-
-
-def _input_position(extra: dict, batch_size: int, step: int) -> dict:
-  """The input position checkpoint `step` saved, in global batches of `batch_size` (the same on any host count):
-  after a change of train.batch_size, the batch that follows the examples already seen."""
-  position = dict(extra.get("position") or {})
-  old = extra.get("batch_size", batch_size)
-  if old != batch_size and "step" in position:
-    seen = position["step"] * old
-    position["step"] = seen // batch_size
-    logging.warning("train.batch_size changed from %d to %d since step %d was saved: the input continues after the "
-                    "%d examples already seen (at batch %d of size %d), and the learning-rate schedule continues at "
-                    "step %d", old, batch_size, step, seen, position["step"], batch_size, step)
-  return position

@@ -66,35 +66,16 @@ def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change
   train = config.train
   loop_lib.check_config(train, "num_steps", "eval_every")
   resume_step = checkpoints.latest_step(workdir)
-  if resume_step is None and train.init_from_state and not train.init_from:
-    raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
-                     "step to continue")
   config = copy.deepcopy(config)
   # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
   # from whatever directory they run in.
   config.data.data_dir = storage.absolute(config.data.data_dir)
-  # A resumed run's weights are the workdir's: init_from then only names the tokenizer, where data.tokenizer does not.
-  init = sources.init_source(config) if resume_step is None or not config.data.tokenizer else None
-  config = sources.with_init_tokenizer(config, init)
+  config, init = sources.init_source(config, resuming=resume_step is not None)
   # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
   config, data = prepared_lib.find(config)
   changes = workdir_lib.check_workdir(workdir, config, allow_config_change)
-  if resume_step is None and init:
-    _check_init(init, train.init_from_state, data.tokenizer_path)
-  elif resume_step is not None and resume_step > train.num_steps:
+  if resume_step is not None and resume_step > train.num_steps:
     raise ValueError(f"workdir {workdir} is at step {resume_step}, past train.num_steps={train.num_steps}: "
                      "raise --config.train.num_steps to continue it")
   return Plan(config, workdir, data, Start(resume_step, init, train.init_from_state),
               None if changes is None else tuple(changes))
-
-
-def _check_init(init: sources.Source, with_state: bool, tokenizer_path: str):
-  """A fresh start's weights: a workdir where its state is asked for, holding the data's tokenizer."""
-  if with_state and init.kind != "workdir":
-    raise ValueError(f"train.init_from_state: {init.path} is "
-                     f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
-                     "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
-                     "fresh optimiser")
-  if prepared_lib.fingerprint(init.tokenizer) != prepared_lib.fingerprint(tokenizer_path):
-    raise ValueError(f"train.init_from={init.path}: its tokenizer is not the one the data was prepared with; "
-                     f"prepare with --config.data.tokenizer={init.tokenizer}")
