@@ -147,6 +147,8 @@ class Checkpointer:
     this run's model or tokenizer."""
     if step is not None:
       return self._restore(abstract_state, step)
+    if not self._manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint under {self.directory}")
     for _ in range(5):  # a live run (read by export or init_from) may delete a step while it is read: look again
       corrupt, vanished = [], False
       for step in sorted(self._manager.all_steps(), reverse=True):

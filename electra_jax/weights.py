@@ -52,8 +52,6 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
 def _restore(source: sources.Source, target, step: int | None = None):
   """The state (or the part of it `target` names) of workdir `source`'s checkpoint at `step` (default: the latest
   intact one)."""
-  if checkpoints.latest_step(source.path) is None:
-    raise FileNotFoundError(f"{source.path} has no checkpoint under {source.path}/checkpoints")
   ckpt = checkpoints.Checkpointer(source.path, source.config, read_only=True)  # it may be a live run's workdir
   try:
     return ckpt.restore(target, step).state

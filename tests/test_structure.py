@@ -158,8 +158,7 @@ DECISIONS = {"init_source": {"electra_jax.pretrain.plan", "electra_jax.data.buil
              "prepared_lib.find": {"electra_jax.pretrain.plan", "electra_jax.bench"},
              "check_workdir": {"electra_jax.pretrain.plan"},
              "check_finetune_workdir": {"electra_jax.finetune.plan"},
-             "checkpoints.latest_step": {"electra_jax.pretrain.plan", "electra_jax.finetune.plan",
-                                         "electra_jax.weights"}}
+             "checkpoints.latest_step": {"electra_jax.pretrain.plan", "electra_jax.finetune.plan"}}
 
 
 def _called(node: ast.Call) -> list[str]:
