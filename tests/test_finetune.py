@@ -244,7 +244,7 @@ def test_bad_inputs_fail_in_one_line(workdir, task_files, tiny_data, tmp_path):
   # A workdir with a config but no checkpoint, and an existing output directory: through the CLI, one line each.
   empty = tmp_path / "empty"
   workdir_lib.write_config(str(empty), config)
-  for init_from, workdir_arg, msg in ((empty, out, "has no checkpoint"),
+  for init_from, workdir_arg, msg in ((empty, out, f"no checkpoint under {empty}/checkpoints"),
                                       (path, tmp_path, "holds files but no")):
     r = subprocess.run([sys.executable, "-m", "electra_jax.finetune", "--config=configs/finetune/sentiment.py",
                         f"--config.init_from={init_from}", f"--workdir={workdir_arg}"], cwd=ROOT, text=True,
