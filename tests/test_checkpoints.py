@@ -1,7 +1,7 @@
 """Checkpoints and fault tolerance, end to end with the real electra-pretrain on tiny real data.
 
 One straight run of N steps is the reference. A second run is killed (SIGKILL right after a checkpoint, SIGKILL in
-the middle of an async save, SIGKILL at seeded random steps), stopped (SIGTERM) and resumed each time by the same
+the middle of an async save, SIGKILL at a seeded random step), stopped (SIGTERM) and resumed each time by the same
 command: its final parameters are bitwise those of the straight run and so is every metrics.jsonl row. So is a run
 that finds its latest checkpoint corrupt and resumes from the one before.
 """
@@ -160,15 +160,13 @@ def test_kills_and_sigterm_resume_exactly(tiny_data, env, straight, tmp_path):
   assert f"Stopped by SIGTERM after step {stopped}" in cli.log(proc)
   assert str(stopped) in cli.checkpoint_dirs(workdir)
 
-  # SIGKILL at seeded random steps of resumed runs.
+  # SIGKILL at a seeded random step of a resumed run (one: each run is seconds of start-up; tests/soak.py kills many).
   rng = np.random.default_rng(0)
-  for _ in range(2):
-    start = max(int(c) for c in cli.checkpoint_dirs(workdir) if c.isdigit())
-    if start + 1 >= N:
-      break
+  start = max(int(c) for c in cli.checkpoint_dirs(workdir) if c.isdigit())
+  if start + 1 < N:
     kill_at = int(rng.integers(start + 1, N))
     proc = cli.start(env, config, workdir, *RUN)
-    _wait(proc, lambda: kill_at in _training(proc, workdir), f"step {kill_at}")  # pylint: disable=cell-var-from-loop
+    _wait(proc, lambda: kill_at in _training(proc, workdir), f"step {kill_at}")
     time.sleep(rng.uniform(0, 0.5))
     _signal(proc)
 
