@@ -298,7 +298,9 @@ def test_second_ctrl_c_while_saving_is_one_log_line(tiny_data, tmp_path_factory)
   # handles it, during the first step (seconds: the step is traced first), so that the run stops before its end. The
   # loop's handlers are SIGINT's, then SIGTERM's; Python's own SIGINT handler comes and goes before, none for SIGTERM.
   proc = cli.start(cli.env(), config, workdir, *RUN)
-  _wait(proc, lambda: _catches(proc.pid, signal.SIGTERM), "the loop's signal handlers")
+  # The progress bar first: JAX's start-up (its TPU backend check included) may install a SIGTERM handler of its own.
+  _wait(proc, lambda: "pre-training" in cli.log(proc) and _catches(proc.pid, signal.SIGTERM),
+        "the loop's signal handlers")
   proc.send_signal(signal.SIGINT)
   _wait(proc, lambda: any(".orbax-checkpoint-tmp" in c for c in cli.checkpoint_dirs(workdir)), "the save")
   proc.send_signal(signal.SIGINT)
