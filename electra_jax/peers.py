@@ -50,9 +50,10 @@ class Watchdog:
   def __exit__(self, exc_type, *exc):
     if not hasattr(self, "_client"):
       return
-    if exc_type is not None and issubclass(exc_type, jax.errors.JaxRuntimeError):
-      # A collective failed (gloo's "Connection reset by peer" when a peer died): if a peer is lost, the judge ends
-      # the process with its line within timeout_s; otherwise the error is this process's own.
+    if _from_jax(exc[0]):
+      # A collective failed (gloo's "Connection reset by peer" when a peer died), maybe inside a checkpoint's save,
+      # which reports it as a failed save: if a peer is lost, the judge ends the process with its line within
+      # timeout_s; otherwise the error is this process's own.
       time.sleep(self.timeout_s + 3 * PERIOD_S)
     self._stop.set()
     if exc_type is None:  # finished: its silence from now on is no loss (a process that raised may hang the others)
@@ -99,6 +100,15 @@ class Watchdog:
     sys.stderr.write(f"{self.command}: error: {message}\n")
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access  (the main thread may never return from its collective)
+
+
+def _from_jax(error: BaseException | None) -> bool:
+  """Whether `error`, or an error it was raised from, is JAX's runtime's."""
+  while error is not None:
+    if isinstance(error, jax.errors.JaxRuntimeError):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
 
 def _key(process: int) -> str:

@@ -97,12 +97,16 @@ def _newest_checkpoint(workdir) -> int:
   return max(int(c) for c in pretrain_cli.checkpoint_dirs(str(workdir)) if c.isdigit())
 
 
-def _lose_a_process(config, workdir, fault, victim):
-  """Reruns both processes until process 0 logs the first odd step past the newest checkpoint (as step 3 of a new run:
-  even steps are saved, and a peer lost in a save's collectives fails that save instead), sends `fault` to `victim`:
-  the other ends in one line within the timeout, naming the newest checkpoint."""
+def _lose_a_process(config, workdir, fault, victim, in_save=False):
+  """Reruns both processes until process 0 logs the first odd step past the newest checkpoint (as step 3 of a new run)
+  and, `in_save`, until the next checkpoint is being written (the victim's loss then cuts the save's collectives off),
+  then sends `fault` to `victim`: the other ends in one line within the timeout, naming the newest complete
+  checkpoint."""
   newest = _newest_checkpoint(workdir)
   procs = _started(config, workdir, logged=newest + 1 + newest % 2)
+  while in_save and not any(".orbax-checkpoint-tmp" in c for c in pretrain_cli.checkpoint_dirs(str(workdir))):
+    assert all(p.poll() is None for p in procs), pretrain_cli.log(procs[0])[-3000:]
+    time.sleep(0.002)
   os.kill(procs[victim].pid, fault)
   t0 = time.time()
   survivor = procs[1 - victim]
@@ -119,9 +123,9 @@ def _lose_a_process(config, workdir, fault, victim):
 
 
 def test_a_lost_process_ends_the_other_in_one_line(tiny_data, sigterm, straight):
-  """Process 1 killed -9 in the rerun after SIGTERM's stop, then process 0 stalled (SIGSTOP) in the rerun after the
-  kill; the last rerun resumes from what all three left to the straight run's end."""
+  """Process 1 killed -9 while a checkpoint is written in the rerun after SIGTERM's stop, then process 0 stalled
+  (SIGSTOP) in the rerun after the kill; the last rerun resumes from what all three left to the straight run's end."""
   config, workdir = tiny_data[0], sigterm[3]
-  _lose_a_process(config, workdir, signal.SIGKILL, 1)
+  _lose_a_process(config, workdir, signal.SIGKILL, 1, in_save=True)
   _lose_a_process(config, workdir, signal.SIGSTOP, 0)
   _assert_resumes_exactly(config, workdir, straight)
