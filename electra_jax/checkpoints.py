@@ -143,8 +143,9 @@ class Checkpointer:
     checked against their checksums; a dict names a part of the state ({"params": ...}): only that part is read;
     None: the whole state as saved (nested dicts), whole on every device. Default step: the newest intact checkpoint,
     after a one-line warning for each newer corrupt or unreadable one (renamed to <step>.corrupt if
-    `set_aside_corrupt`, so that the run can save that step again; never deleted). Raises a one-line ValueError when none is intact, or when a checkpoint cannot continue
-    this run's model or tokenizer."""
+    `set_aside_corrupt`, so that the run can save that step again; never deleted). Raises a one-line ValueError when
+    none is intact, or when a checkpoint cannot continue this run's model or tokenizer; FileNotFoundError when there
+    is no checkpoint at all."""
     if step is not None:
       return self._restore(abstract_state, step)
     if not self._manager.all_steps():
