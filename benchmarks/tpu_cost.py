@@ -15,6 +15,8 @@ collective, and step minus step_1 is what the slice's collectives and partitioni
   sampling_1      one sample from G's softmax at each masked position
   discriminator_1 D's forward and backward with its replaced-token loss
   embeddings_1    the embedding block's forward and backward (both networks look their inputs up in it)
+  attention_1     one of D's layers' attention core (modeling.attention: scores, mask, softmax, dropout, x V), forward
+                  and backward, from its q, k, v; generator_attention_1 the same at G's heads
   update_1        the optimiser's update of every parameter from a gradient
 --hlo=PREFIX writes each piece's optimized HLO (libtpu annotates each operation with its own "estimated_cycles", a
 different estimate from optimal_seconds: use it to find an operation, not to add up a step). The config's overrides
@@ -32,7 +34,7 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from electra_jax import flops, losses, masking, objectives, optim, sampling, state as state_lib, topology
+from electra_jax import flops, losses, masking, modeling, objectives, optim, sampling, state as state_lib, topology
 from electra_jax.pretrain import experiment
 from electra_jax.special_ids import SpecialIds
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -104,6 +106,17 @@ def pieces(config, devices):
     logits = exp.model.apply({"params": params}, h, method=lambda m, x: m.generator_head(x, m.embeddings.table()))
     return losses.mlm_loss(logits, masked_.targets, masked_.weights)
 
+  def attention(encoder):  # forward and backward (a vjp) of the attention core at one encoder's heads
+    m = exp.model.config
+    qkv = _struct((rows, c.data.seq_len, encoder.num_heads, encoder.hidden_size // encoder.num_heads), m.compute_dtype,
+                  sh.batch)
+
+    def fn(q, k, v, mask, r, g):
+      out, vjp = jax.vjp(lambda *x: modeling.attention(*x, mask, m.attention_dropout_rate, r), q, k, v)
+      return out, vjp(g)
+    return (jit(fn, (sh.batch,) * 4 + (sh.replicated, sh.batch)),
+            (qkv, qkv, qkv, _struct((rows, c.data.seq_len), jnp.bool_, sh.batch), rng, qkv))
+
   def grad_step(params, b, r):
     return grad_of(lambda pr, bb, rr: objectives.compute_loss(exp.model, pr, bb, rr, c.objective, exp.special))(
         params, b, r)
@@ -131,6 +144,8 @@ def pieces(config, devices):
       "embeddings": lambda: (jit(grad_of(emb_loss), (params_sh, sh.batch, sh.batch, sh.replicated)),
                              (state.params, ids, seg, rng)),
       "update": lambda: (jit(update, (sh.state, params_sh), sh.state), (state, state.params)),
+      "attention": lambda: attention(exp.model.config.discriminator),
+      "generator_attention": lambda: attention(exp.model.config.generator),
   }
   return exp, table
 

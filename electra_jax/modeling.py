@@ -203,6 +203,24 @@ def _softmax_bwd(probs, grad):
 softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
+def _keep_mask(rng: jax.Array, shape, rate: float):
+  """Dropout's keep-mask for `shape`, drawn as Dropout draws it (16-bit integers), and the divisor of what is kept."""
+  threshold = round(rate * 2**16)
+  return jax.random.bits(rng, shape, jnp.uint16) >= threshold, (2**16 - threshold) / 2**16
+
+
+def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
+  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keys from `rng`; none when
+  rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key] (bool)."""
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
+  probs = softmax(scores)
+  if rng is not None:
+    keep, kept = _keep_mask(rng, probs.shape, dropout_rate)
+    probs = jnp.where(keep, probs / kept, 0).astype(probs.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a padding mask. Q, K, V are separate layers: slicing a fused QKV projection
   costs extra copies in the backward pass, and HF's layout keeps them separate too.
@@ -224,16 +242,12 @@ class SelfAttention(nn.Module):
     v = split(dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
     # from_config rejects fused + attention dropout, but fine-tuning replaces the rate afterwards (from a fused
     # pre-training config): its dropout steps take the einsum path, which uses the very same parameters.
-    mask = mask[:, None, None, :]  # [batch, heads, query, key]
     if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
-      ctx = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.sum(-1, dtype=jnp.int32)[:, 0, 0],
+      ctx = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.sum(-1, dtype=jnp.int32),
                                          scale=head_dim ** -0.5, implementation=fused_kernel(c.compute_dtype))
     else:
-      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(q.dtype)
-      scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
-      probs = softmax(scores)
-      probs = Dropout(c.attention_dropout_rate)(probs, deterministic=deterministic)
-      ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+      rng = None if deterministic or c.attention_dropout_rate == 0.0 else self.make_rng("dropout")
+      ctx = attention(q, k, v, mask, c.attention_dropout_rate, rng)
     ctx = ctx.reshape(x.shape[:2] + (e.hidden_size,))
     return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
 
