@@ -34,7 +34,7 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from electra_jax import flops, losses, masking, modeling, objectives, optim, sampling, state as state_lib, topology
+from electra_jax import flops, losses, masking, modeling, objectives, optim, sampling, sharding, topology
 from electra_jax.pretrain import experiment
 from electra_jax.special_ids import SpecialIds
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -76,11 +76,11 @@ def pieces(config, devices):
   pos = _struct((rows, p), jnp.int32, sh.batch)
   wts = _struct((rows, p), jnp.float32, sh.batch)
   masked = masking.Masked(ids, pos, pos, wts)
-  tx = optim.create(c.train)[0]
+  tx = optim.pretraining(c.train)[0]
 
   def jit(fn, in_shardings, out_shardings=None):
     def traced(*args):
-      with state_lib.activation_rules(sh.mesh):
+      with sharding.activation_rules(sh.mesh):
         return fn(*args)
     return jax.jit(traced, in_shardings=in_shardings, out_shardings=out_shardings)
 
