@@ -3,7 +3,6 @@
 step: its memory plan per device (or that it runs out of HBM, and by how much), its FLOPs, and its cost model's time.
 """
 import dataclasses
-import math
 import re
 import time
 from typing import Callable

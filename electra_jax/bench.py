@@ -102,7 +102,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   seconds = time.perf_counter() - t0
   tokens = steps * config.train.batch_size * config.data.seq_len
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
-              **flops.throughput(flops.step_flops(exp.config), tokens, seconds))
+              **flops.throughput(exp.step_flops, tokens, seconds))
 
 
 def time_pipeline(config, prepared, num_batches: int) -> dict:
@@ -126,8 +126,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 
 def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import flops, modeling, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax import modeling, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
 
@@ -149,7 +148,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
                 attention_impl=exp.model.config.attention_impl,
                 attention_kernel=(modeling.fused_kernel(config.model.dtype) or "xla"
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
-                step_flops=flops.step_flops(exp.config), jax=jax.__version__)
+                step_flops=exp.step_flops, jax=jax.__version__)
 
   result.update(time_steps(exp, config, special, prepared, steps, warmup))
   stats = device.memory_stats() or {}

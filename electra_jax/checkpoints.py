@@ -74,10 +74,11 @@ class Checkpointer:
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None,
                read_only: bool = False):
-    """read_only: a reader's (export, init_from), which may read a live run's workdir: it deletes nothing, not even
-    the unfinished <step>.orbax-checkpoint-tmp* that the run is writing (only the lock holder cleans those)."""
+    """`workdir`: an absolute path (a run's plan and a sources.Source hold one), as Orbax wants. read_only: a
+    reader's (export, init_from), which may read a live run's workdir: it deletes nothing, not even the unfinished
+    <step>.orbax-checkpoint-tmp* that the run is writing (only the lock holder cleans those)."""
     self.config = config
-    self.directory = os.path.join(storage.absolute(workdir), "checkpoints")
+    self.directory = os.path.join(workdir, "checkpoints")
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
@@ -331,6 +332,16 @@ def latest_step(workdir: str) -> int | None:
   return max(ocp.path.step.checkpoint_steps(epath.Path(storage.absolute(workdir)) / "checkpoints"), default=None)
 
 
+def read_state(workdir: str, config: ml_collections.ConfigDict, target=None, step: int | None = None):
+  """The state (or the part of it `target` names) of `workdir`'s checkpoint at `step` (default: the latest intact
+  one), read without writing: it may be a live run's workdir."""
+  ckpt = Checkpointer(workdir, config, read_only=True)
+  try:
+    return ckpt.restore(target, step).state
+  finally:
+    ckpt.close()
+
+
 def save_params(directory: str, params):
   """A bare parameter tree as one Orbax checkpoint at `directory` (a params-only export)."""
   with ocp.StandardCheckpointer() as ckptr:
@@ -338,9 +349,8 @@ def save_params(directory: str, params):
 
 
 def restore_params(directory: str, abstract_params=None):
-  """save_params' tree, placed per `abstract_params`' shardings (an OtherModelError where it has other shapes);
-  None: as saved, whole on every device."""
-  directory = storage.absolute(directory)
+  """save_params' tree at the absolute path `directory` (a sources.Source's), placed per `abstract_params`'
+  shardings (an OtherModelError where it has other shapes); None: as saved, whole on every device."""
   with ocp.StandardCheckpointer() as ckptr:
     saved = ckptr.metadata(directory).item_metadata.tree
     if abstract_params is None:

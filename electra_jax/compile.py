@@ -68,13 +68,12 @@ def _finetune_targets(ft, encoder, devices):
 
 def _pretrain_targets(config, devices):
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from electra_jax import flops  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   # Whole-word masking compiles the same program whichever pieces start words.
   word_starts = np.ones(config.data.vocab_size, bool) if config.objective.whole_word_masking else None
   exp = experiment.create(config, SpecialIds(), devices=devices, word_starts=word_starts)
-  return (experiment.compile_targets(exp), flops.step_flops(config), config.train.batch_size * config.data.seq_len,
+  return (experiment.compile_targets(exp), exp.step_flops, config.train.batch_size * config.data.seq_len,
           f"{config.objective.name} pre-training, {config.model.dtype}, sequence length {config.data.seq_len}")
 
 

@@ -20,6 +20,17 @@ SIZES = {
 SIZE_KEYS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "embedding_size", "generator_fraction")
 
 
+# train.* keys of every loop that must be at least 1.
+COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints")
+
+
+def check_counts(train: ml_collections.ConfigDict, *counts: str):
+  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS."""
+  for key in (*counts, *COUNTS):
+    if train[key] < 1:
+      raise ValueError(f"train.{key}={train[key]} must be at least 1")
+
+
 def model_config(size: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       size=size,

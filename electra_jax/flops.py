@@ -57,22 +57,28 @@ class Costs(NamedTuple):
   stage_fraction: float  # two_stage_fraction
 
 
-def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
-  """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
-  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's)."""
-  mc = modeling.ModelConfig.from_config(config)
+def costs(mc: modeling.ModelConfig, objective: ml_collections.ConfigDict, batch: int, seq_len: int,
+          two_stage_fraction: float | None = None) -> Costs:
+  """The pieces of one training step of the model `mc` under the `objective` section at `batch` × `seq_len`, which
+  the objective's registry entry adds up (objectives.Objective.flops)."""
   d, g = mc.discriminator, mc.generator
-  batch, seq_len = config.train.batch_size, config.data.seq_len
-  masked = batch * masking.max_predictions(config.objective.mask_prob, seq_len)
-  f = config.objective.two_stage_fraction if two_stage_fraction is None else two_stage_fraction
-  costs = Costs(
+  masked = batch * masking.max_predictions(objective.mask_prob, seq_len)
+  return Costs(
       generator=encoder_flops(mc, g, batch, seq_len) + mlm_head_flops(mc, g.hidden_size, masked),
       discriminator=encoder_flops(mc, d, batch, seq_len),
       rtd_head=6 * (d.hidden_size ** 2 + d.hidden_size) * batch * seq_len,
       d_mlm_masked=mlm_head_flops(mc, d.hidden_size, masked),
       d_mlm_all=mlm_head_flops(mc, d.hidden_size, batch * seq_len) + 6 * d.hidden_size ** 2 * batch * seq_len,
-      stage_fraction=f)
-  return objectives.get(config.objective.name).flops(costs)
+      stage_fraction=objective.two_stage_fraction if two_stage_fraction is None else two_stage_fraction)
+
+
+def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
+  """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
+  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's). A pre-training Experiment holds its own
+  (Experiment.step_flops)."""
+  return objectives.get(config.objective.name).flops(costs(
+      modeling.ModelConfig.from_config(config), config.objective, config.train.batch_size, config.data.seq_len,
+      two_stage_fraction))
 
 
 def throughput(step_flops: float, tokens: int, seconds: float) -> dict:

@@ -6,6 +6,7 @@ of a few steps, for the detail."""
 import contextlib
 import json
 import time
+from typing import Any, Callable
 
 import jax
 from absl import logging
@@ -75,18 +76,21 @@ class Profile:
     self.log_dir, self.start, self.end = log_dir, start, start + count - 1
     self.active = False
 
-  def before(self, step: int):
+  @contextlib.contextmanager
+  def step(self, step: int, state: Callable[[], Any]):
+    """Times step `step` in the trace (starting it at `start`), so the profile plugin's overview gives step times; at
+    `end`, waits for `state()` (the state the step made) before the trace stops, so that it holds the steps' device
+    work, not just their dispatch."""
     if step == self.start and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir)
       self.active = True
-
-  def step(self, step: int):
-    """Marks a step in the trace, so the profile plugin's overview gives step times."""
-    return jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
-
-  def after(self, step: int, state):
-    if self.active and step == self.end:
-      jax.block_until_ready(state)  # the trace holds the steps' device work, not just their dispatch
+    if not self.active:
+      yield
+      return
+    with jax.profiler.StepTraceAnnotation("train", step_num=step):
+      yield
+    if step == self.end:
+      jax.block_until_ready(state())
       self.stop()
       logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
 

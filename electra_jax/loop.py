@@ -8,24 +8,12 @@ import sys
 from typing import Callable, Protocol, Sequence
 
 import jax
-import ml_collections
 from absl import logging
 
 from electra_jax import checkpoints, goodput, peers, preemption
 from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
-
-# train.* keys of every loop that must be at least 1.
-COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints")
-
-
-def check_config(train: ml_collections.ConfigDict, *counts: str):
-  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (the loop's own) and COUNTS."""
-  for key in (*counts, *COUNTS):
-    if train[key] < 1:
-      raise ValueError(f"train.{key}={train[key]} must be at least 1")
-
 
 def check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoints.Checkpointer):
   """Raises FloatingPointError on a NaN/Inf loss or gradient norm, naming the checkpoint the run can go back to."""
@@ -68,10 +56,10 @@ class Body(Protocol):
     """The global batch of step `step` (1-based)."""
 
   def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
-                 eval_now: bool) -> dict | None:
-    """Logs and evaluates as the step asks (`losses`: those of the steps fetched since the last call, every one
-    checked finite; all of them up to `step` when it logs or evaluates); returns the progress bar's postfix, if
-    any."""
+                 eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
+    """Logs (to `writer`, the run's) and evaluates as the step asks (`losses`: those of the steps fetched since the
+    last call, every one checked finite; all of them up to `step` when it logs or evaluates); returns the progress
+    bar's postfix, if any."""
 
   def extra(self) -> dict:
     """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
@@ -98,24 +86,15 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
   first = int(state.step) + 1
   profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
 
-  def record_time():
-    with clock.phase("checkpoint"):
-      ckpt.close()  # waits for the last asynchronous save
-    split = clock.split()
-    if writer.active:
-      goodput.report(os.path.dirname(ckpt.directory), split, desc)
-    writer.write(int(state.step), split)
-
   clock.started(resumed=ckpt.restored_step is not None)
   watchdog = peers.Watchdog(peer_timeout_s, lock.record["command"], ckpt.newest_complete,
                             on_lost=lambda: close_all((bar.close, lock.__exit__)))
   with watchdog, preemption.Watcher() as watcher:
     try:
       for step in range(first, num_steps + 1) if not done() else ():
-        profile.before(step)
         with clock.phase("input"):
           batch = body.batch(step)
-        with clock.phase("compile" if step == first else "step"), profile.step(step):
+        with clock.phase("compile" if step == first else "step"), profile.step(step, lambda: state):
           state, step_metrics = step_fn(state, batch, rng)
           bar.update()
           stop = watcher.reached(step)
@@ -123,9 +102,8 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
           eval_now = step % eval_every == 0 or step == num_steps
           save_now = stop or step == num_steps or ckpt.should_save(step)
           losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
-        profile.after(step, state)
         with clock.phase("eval"):
-          postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now)
+          postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now, writer)
         if postfix:
           bar.set_postfix(postfix)
         finished = done()
@@ -141,6 +119,14 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
           break
     finally:
       profile.stop()
+
+      def record_time():
+        with clock.phase("checkpoint"):
+          ckpt.close()  # waits for the last asynchronous save
+        split = clock.split()
+        if writer.active:
+          goodput.report(os.path.dirname(ckpt.directory), split, desc)
+        writer.write(int(state.step), split)
       close_all((bar.close, *closers, record_time, writer.close))
   return state, False
 

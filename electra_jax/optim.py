@@ -79,6 +79,6 @@ def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: in
   return optax.chain(optax.clip_by_global_norm(train.clip_norm), adam), schedule
 
 
-def create(train: ml_collections.ConfigDict):
+def pretraining(train: ml_collections.ConfigDict):
   """The pre-training optimiser and its schedule (the schedule is also logged)."""
   return build(train, train.warmup_steps, train.num_steps)

@@ -3,9 +3,13 @@
 Parameters carry logical axis names (modeling.py); RULES maps them onto the mesh axes ("data", "fsdp"). The batch is
 split over both axes; weights are split over "fsdp" (ZeRO-3 style: XLA gathers them where a layer needs them). A
 dimension that does not divide evenly stays replicated (logged once), so odd vocabularies never break a mesh.
-Activations are constrained by the same rules ("act_*" names) where state.py traces a step.
+Activations are constrained by the same rules ("act_*" names) where a step is traced (Sharded.jit_step).
 """
+import contextlib
+import dataclasses
+import functools
 import os
+from typing import Any, Callable
 
 import jax
 import flax.linen as nn
@@ -116,6 +120,52 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: jax.sharding.Mesh):
+  """While a step is traced: the mesh and the logical-axis rules that make modeling.py's activation constraints
+  (nn.with_logical_constraint) real sharding constraints; outside them Flax returns activations unconstrained."""
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(RULES):
+    yield
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharded:
+  """A TrainState's shardings on one mesh, its jitted init (state.create), and the one jit of a step over it: the
+  same placement, donation and activation-sharding rules for pre-training and fine-tuning."""
+  mesh: jax.sharding.Mesh
+  state: Any  # NamedShardings, one per leaf of the TrainState
+  batch: jax.sharding.NamedSharding
+  replicated: jax.sharding.NamedSharding
+  init: Callable[[jax.Array], Any]  # rng -> the TrainState, placed
+
+  def jit_step(self, fn: Callable) -> Callable:
+    """fn(state, batch, rng) -> (state, metrics), jitted once: the state donated and kept in place, metrics
+    replicated."""
+    return jax.jit(self._with_rules(fn), in_shardings=(self.state, self.batch, self.replicated),
+                   out_shardings=(self.state, self.replicated), donate_argnums=(0,))
+
+  def jit_eval(self, fn: Callable) -> Callable:
+    """fn(params, batch, rng) -> replicated outputs."""
+    return jax.jit(self._with_rules(fn), in_shardings=(self.state.params, self.batch, self.replicated),
+                   out_shardings=self.replicated)
+
+  def _with_rules(self, fn):
+    @functools.wraps(fn)
+    def traced(*args):
+      with activation_rules(self.mesh):
+        return fn(*args)
+    return traced
+
+  def abstract(self):
+    """The state as ShapeDtypeStructs carrying its shardings: what a checkpoint is restored onto."""
+    return abstract(jax.eval_shape(self.init, jax.random.key(0)), self.state)
+
+
+def abstract(tree, shardings):
+  """ShapeDtypeStructs carrying the target shardings: what Orbax restores onto (the current mesh)."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def to_host(tree):

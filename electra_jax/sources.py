@@ -47,7 +47,7 @@ def tokenizer(source: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class Source:
   """A weights source as its files describe it: what a run's plan decides once and weights.py loads from."""
-  path: str
+  path: str  # absolute (a URL as it is)
   kind: str  # "hf" | "params" | "workdir"
   tokenizer: str  # the tokenizer file its weights were trained with
   generator: str = ""  # an HF discriminator's generator, kept in a directory apart (Google's releases)
@@ -70,9 +70,11 @@ def resolve(path: str, generator: str = "") -> Source:
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
   if what == "hf":  # its sentencepiece.model or vocab.txt
-    return Source(path, what, storage.absolute(hf_tokenizer.tokenizer_file(path)), generator)
-  config = workdir_lib.load_config(path)
-  return Source(path, what, prepared.tokenizer_path(config), config=config)
+    tokenizer_file, config = hf_tokenizer.tokenizer_file(path), None
+  else:
+    config = workdir_lib.load_config(path)
+    tokenizer_file = prepared.tokenizer_path(config)
+  return Source(storage.absolute(path), what, storage.absolute(tokenizer_file), generator, config)
 
 
 def init_source(config: ml_collections.ConfigDict, resuming: bool = False
@@ -81,28 +83,31 @@ def init_source(config: ml_collections.ConfigDict, resuming: bool = False
   with data.tokenizer set to its tokenizer where it names none: continued pre-training keeps the vocabulary its
   weights were trained with. electra-prepare and electra-pretrain both call this, so they agree on the tokenizer. A
   resuming run's weights are its workdir's: init_from then only names the tokenizer, and is not read where
-  data.tokenizer names one. One-line errors where init_from cannot start the run: no optimiser state for
-  train.init_from_state, another tokenizer than data.tokenizer."""
+  data.tokenizer names one. data.data_dir comes back absolute. One-line errors where init_from cannot start the run:
+  no optimiser state for train.init_from_state, another tokenizer than data.tokenizer."""
   train, data = config.train, config.data
   if train.init_from_state and not train.init_from and not resuming:
     raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
                      "step to continue")
-  if not train.init_from or (resuming and data.tokenizer):
-    return config, None
-  init = resolve(train.init_from, train.init_from_generator)
-  if not resuming and train.init_from_state and init.kind != "workdir":
-    raise ValueError(f"train.init_from_state: {init.path} is "
-                     f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
-                     "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
-                     "fresh optimiser")
-  if not resuming and data.tokenizer and prepared.fingerprint(data.tokenizer) != prepared.fingerprint(init.tokenizer):
-    raise ValueError(f"train.init_from={init.path}: its tokenizer is not data.tokenizer={data.tokenizer}: drop "
-                     f"data.tokenizer, or prepare with --config.data.tokenizer={init.tokenizer}")
-  if data.tokenizer:
-    return config, init
-  own = prepared.tokenizer_path(config)
-  if epath.Path(own).exists() and prepared.fingerprint(own) == prepared.fingerprint(init.tokenizer):
-    return config, init  # the same vocabulary already prepared this config's data
+  init = None
+  if train.init_from and not (resuming and data.tokenizer):
+    init = resolve(train.init_from, train.init_from_generator)
+    if not resuming and train.init_from_state and init.kind != "workdir":
+      raise ValueError(f"train.init_from_state: {init.path} is "
+                       f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
+                       "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
+                       "fresh optimiser")
+    if not resuming and data.tokenizer and (prepared.fingerprint(data.tokenizer) !=
+                                            prepared.fingerprint(init.tokenizer)):
+      raise ValueError(f"train.init_from={init.path}: its tokenizer is not data.tokenizer={data.tokenizer}: drop "
+                       f"data.tokenizer, or prepare with --config.data.tokenizer={init.tokenizer}")
   config = copy.deepcopy(config)
-  config.data.tokenizer = init.tokenizer
+  own = prepared.tokenizer_path(config)
+  # Unless the same vocabulary already prepared this config's data.
+  if init and not data.tokenizer and not (epath.Path(own).exists() and
+                                          prepared.fingerprint(own) == prepared.fingerprint(init.tokenizer)):
+    config.data.tokenizer = init.tokenizer
+  # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
+  # from whatever directory they run in.
+  config.data.data_dir = storage.absolute(data.data_dir)
   return config, init

@@ -4,14 +4,13 @@ fine-tuning and train.init_from (a workdir's whole training state for train.init
 export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
 
 A new weight format is one more branch in `read`."""
-import contextlib
 import os
 from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 
-from electra_jax import checkpoints, sources, state, storage
+from electra_jax import checkpoints, sharding, sources, state, storage
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
 
@@ -35,7 +34,7 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
   trained on may not fit this host), HF weights as host arrays. with_params=False reads the architecture and
   tokenizer only."""
   if source.kind == "hf":
-    config, params = hf_directory.import_hf(source.path, source.generator or None, source.tokenizer)
+    config, params = hf_directory.import_hf(source.path, source.tokenizer, source.generator or None)
     if target is not None:
       checkpoints.check_model(source.path, params, target)
       params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, target))
@@ -45,53 +44,35 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
   if source.kind == "params":
     params = checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR), target)
   else:
-    params = _restore(source, None if target is None else dict(params=target), step)["params"]
+    params = checkpoints.read_state(source.path, source.config, None if target is None else dict(params=target),
+                                    step)["params"]
   return Weights(source.config, params, source.tokenizer)
 
 
-def _restore(source: sources.Source, target, step: int | None = None):
-  """The state (or the part of it `target` names) of workdir `source`'s checkpoint at `step` (default: the latest
-  intact one)."""
-  ckpt = checkpoints.Checkpointer(source.path, source.config, read_only=True)  # it may be a live run's workdir
+def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: int, with_state: bool = False,
+                num_steps: int = 0) -> state.TrainState:
+  """A fresh pre-training run's state on `sharded`'s mesh: initialised from `seed`, with the parameters of
+  train.init_from's `source` where there is one (restored onto this mesh: the source's own may not fit this host),
+  which must fit this config's. with_state (train.init_from_state): the whole TrainState of the pre-training workdir
+  `source` instead (its latest intact checkpoint: parameters, optimiser state and step), so that a second phase (e.g.
+  at a longer data.seq_len) goes on with the first's Adam moments and learning-rate schedule; a one-line error where
+  its step leaves no step to train up to `num_steps`. The plan checked the source's kind and tokenizer."""
   try:
-    return ckpt.restore(target, step).state
-  finally:
-    ckpt.close()
-
-
-def params_onto(source: sources.Source, sharded: state.Sharded):
-  """train.init_from: the weights in `source` placed on `sharded`'s mesh (restored onto it: the source's own mesh may
-  not fit this host), where they fit its parameters (the plan checked their tokenizer)."""
-  with _fit(source, "model sizes, vocabulary, embedding_sharing and objective must match"):
-    return read(source, target=sharded.abstract().params).params
-
-
-def state_onto(source: sources.Source, sharded: state.Sharded, num_steps: int) -> state.TrainState:
-  """train.init_from_state: the whole TrainState of the pre-training workdir `source` (its latest intact checkpoint:
-  parameters, optimiser state and step) placed on `sharded`'s mesh, so that a second phase (e.g. at a longer
-  data.seq_len) goes on with the first's Adam moments and learning-rate schedule. One-line errors where its optimiser
-  state does not fit this run's optimiser, or where its step leaves no step to train up to `num_steps` (the plan
-  checked that `source` is a workdir with the data's tokenizer)."""
-  with _fit(source, "objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the "
-            "parameters' shapes"):
-    restored = _restore(source, sharded.abstract())
-  step = int(restored.step)
-  if step >= num_steps:
-    raise ValueError(f"train.init_from={source.path} is at step {step}, which leaves nothing to train up to "
-                     f"train.num_steps={num_steps}: with train.init_from_state, train.num_steps counts the steps of "
-                     "both runs (raise it)")
-  return restored
-
-
-@contextlib.contextmanager
-def _fit(source: sources.Source, hint: str):
-  """init_from's words for weights of another model than this config builds."""
-  try:
-    yield
+    if not with_state:
+      fresh = sharded.init(jax.random.key(seed))
+      return fresh if source is None else fresh.replace(params=read(source, target=sharded.abstract().params).params)
+    restored = checkpoints.read_state(source.path, source.config, sharded.abstract())
   except checkpoints.OtherModelError as e:
     theirs, ours = ("missing" if e.saved is None else e.saved), ("absent" if e.wanted is None else e.wanted)
+    hint = ("objective, model sizes, vocabulary and embedding_sharing must match: Adam's moments have the parameters' "
+            "shapes" if with_state else "model sizes, vocabulary, embedding_sharing and objective must match")
     raise ValueError(f"train.init_from={source.path} does not fit this config at {e.name}: {theirs} there, {ours} "
                      f"here ({hint})") from None
+  if int(restored.step) >= num_steps:
+    raise ValueError(f"train.init_from={source.path} is at step {int(restored.step)}, which leaves nothing to train "
+                     f"up to train.num_steps={num_steps}: with train.init_from_state, train.num_steps counts the "
+                     "steps of both runs (raise it)")
+  return restored
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:

@@ -89,23 +89,23 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict,
   return changes
 
 
-def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict) -> bool:
+def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> bool:
   """Before fine-tuning writes anything: True when the workdir must be emptied first (it holds another run and
   ft.overwrite); a run of the same config is resumed (log, evaluation and checkpoint cadence and the mesh may
-  change); anything else is refused."""
-  path = epath.Path(workdir)
-  if not path.exists() or not any(p.name != LOCK_FILE for p in path.iterdir()):
-    return False
-  changes = changes_since(workdir, ft)
-  if changes is None:
-    what = f"holds files but no {path / 'config.json'}"
-  elif changes:
-    what = _another_run(changes)
-  else:
-    return False
-  if not ft.overwrite:
-    raise FileExistsError(f"workdir {workdir} {what}; pass --config.overwrite=true to replace it")
-  return True
+  change); anything else is refused, as is a workdir that cannot be written or that is, holds or lies inside what
+  the run reads (`init_inputs`: init_from's, sources.Source.inputs; the tokenizer and task files)."""
+  inputs = _finetune_inputs(ft, init_inputs)
+  check_writable(workdir)
+  path, replace = epath.Path(workdir), False
+  if path.exists() and any(p.name != LOCK_FILE for p in path.iterdir()):
+    changes = changes_since(workdir, ft)
+    what = (f"holds files but no {path / 'config.json'}" if changes is None else
+            _another_run(changes) if changes else None)
+    if what and not ft.overwrite:
+      raise FileExistsError(f"workdir {workdir} {what}; pass --config.overwrite=true to replace it")
+    replace = what is not None
+  storage.refuse_overlap(workdir, inputs, "--workdir")
+  return replace
 
 
 def empty(workdir: str):
@@ -116,9 +116,8 @@ def empty(workdir: str):
       p.rmtree() if p.is_dir() else p.unlink()
 
 
-def finetune_inputs(ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-  """What a fine-tuning run reads (`init_inputs`: init_from's, sources.Source.inputs), which its workdir (replaced with
-  overwrite) must keep apart from (storage.refuse_overlap)."""
+def _finetune_inputs(ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+  """What a fine-tuning run reads, which its workdir (replaced with overwrite) must keep apart from."""
   task = ft.task
   paths = init_inputs + ([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else [])
   paths += [(task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]]

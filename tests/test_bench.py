@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from electra_jax import flops
 from electra_jax.pretrain import experiment
 from tests import pretrain_cli
 
@@ -112,4 +111,4 @@ def test_flops_match_a_count_of_the_param_tree():
   vocab, emb = flat[("embeddings", "word_embeddings")].shape
   expected += 6 * vocab * emb * masked  # the generator's output layer: the tied word table, transposed
   assert {p[0] for p in flat} == {"embeddings", "generator", "discriminator", "generator_head", "discriminator_head"}
-  assert flops.step_flops(exp.config) == expected
+  assert exp.step_flops == expected

@@ -85,7 +85,7 @@ def test_export_parity(sharing, tiny_data, tmp_path):
   ids, seg = _batch(tok, _sentences(16), config.data.seq_len)
   _assert_parity(_ours(config, params, ids, seg), _theirs(str(tmp_path / "hf"), ids, seg), ids)
   if sharing == "shared":  # our own export imports back bit-exactly
-    config2, params2 = hf_directory.import_hf(str(tmp_path / "hf"))
+    config2, params2, _ = weights.load(str(tmp_path / "hf"))
     assert config2.objective.embedding_sharing == "shared"
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), params2)
 
@@ -143,7 +143,7 @@ def test_import_hf_parity(shared, tmp_path):
   disc.save_pretrained(hf_dir)
   gen.save_pretrained(hf_dir / "generator")
 
-  config, params = hf_directory.import_hf(str(hf_dir))
+  config, params, _ = weights.load(str(hf_dir))
   assert config.objective.embedding_sharing == ("shared" if shared else "untied")
   tok = tokenizer_lib.Tokenizer(config.data.tokenizer)
   ids, seg = _batch(tok, _sentences(16), 64)

@@ -21,7 +21,7 @@ from configs import small_plus as small_plus_preset
 from electra_jax import config as config_lib
 from electra_jax import modeling, objectives, optim, weights
 from electra_jax.finetune import config as finetune_config
-from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import experiment, model as model_lib
 from electra_jax.hf import tokenizer as hf_tokenizer
 from electra_jax.pretrain import loop as pretrain_loop
 from tests import helpers
@@ -123,14 +123,14 @@ def test_official_pretraining_optimizer_is_the_official_update_rule():
   params, grads = _random_problem(shapes, steps=8)
   train_cfg = config_lib.base("tiny").train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_steps=3, num_steps=10, weight_decay=0.3)
-  tx, _ = optim.create(train_cfg)
+  tx, _ = optim.pretraining(train_cfg)
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 3, 0.3)
   _assert_steps_equal(ours, theirs, names)
   # and the recipe does differ from today's AdamW default on the same problem
   train_cfg.optimizer = "adamw"
-  adamw = _run_ours(optim.create(train_cfg)[0], _tree(params), [_tree(g) for g in grads])
+  adamw = _run_ours(optim.pretraining(train_cfg)[0], _tree(params), [_tree(g) for g in grads])
   assert not np.allclose(adamw[-1]["embeddings/word_embeddings"], ours[-1]["embeddings/word_embeddings"])
 
 
@@ -156,7 +156,7 @@ def test_official_finetuning_optimizer_is_the_official_update_rule():
   params, grads = _random_problem(shapes, steps=6, seed=1)
   train_cfg = finetune_config.base_config().train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_fraction=0.3, layer_decay=0.8, weight_decay=0.3)
-  tx, _ = model_lib.optimizer(train_cfg, num_steps=10, num_layers=2)
+  tx, _ = experiment.optimizer(train_cfg, num_steps=10, num_layers=2)
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 10 * 0.3, 0.3,
@@ -170,11 +170,11 @@ def test_a_wrong_optimizer_is_refused():
   train_cfg = config_lib.base("tiny").train
   train_cfg.optimizer = "adam"
   with pytest.raises(ValueError, match=re.escape(message)):
-    optim.create(train_cfg)
+    optim.pretraining(train_cfg)
   ft = finetune_config.base_config().train
   ft.optimizer = "adam"
   with pytest.raises(ValueError, match=re.escape(message)):
-    model_lib.optimizer(ft, num_steps=10, num_layers=2)
+    experiment.optimizer(ft, num_steps=10, num_layers=2)
 
 
 @pytest.mark.slow
@@ -210,7 +210,7 @@ def test_layer_decay_exponents_are_the_official_ones(num_layers, task_type):
   got, depths = {}, set()
   for path in flat:
     keys = [jax.tree_util.DictKey(k) for k in path]
-    got[path] = model_lib.lr_multiplier(keys, num_layers, 0.8)
+    got[path] = experiment.lr_multiplier(keys, num_layers, 0.8)
     depths.add(_official_depth(path, num_layers))
     np.testing.assert_allclose(got[path], 0.8 ** (num_layers + 2 - _official_depth(path, num_layers)), rtol=1e-12,
                                err_msg=str(path))

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import finetune, modeling, weights
-from electra_jax.finetune import model as model_lib, tasks
+from electra_jax import finetune, modeling, sources
+from electra_jax.finetune import experiment, model as model_lib, tasks
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
 from tests import helpers
@@ -79,7 +79,7 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(model_lib.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]
   params = jax.tree.map(lambda x: jnp.zeros(x.shape), nn.meta.unbox(shapes))
-  tx, _ = model_lib.optimizer(c.train, num_steps=100, num_layers=L)
+  tx, _ = experiment.optimizer(c.train, num_steps=100, num_layers=L)
   grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)  # small: global-norm clipping stays out
   update = jax.jit(tx.update)
   _, state = update(grads, tx.init(params), params)
@@ -99,13 +99,12 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
 def test_loaded_encoder_is_the_discriminator(workdir):
   """The classifier's encoder, loaded from a gdes checkpoint, computes the discriminator's hidden states."""
   path, config, params = workdir
-  loaded = weights.load(path)
-  src_config, src_params = loaded.config, loaded.params
-  mc = modeling.ModelConfig.from_config(src_config)
+  ft = finetune.base_config()
+  ft.init_from = path
+  mc, enc = model_lib.load_source(ft, sources.resolve(path), "")
   ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
   want = modeling.Electra(mc).apply({"params": params}, ids, seg, method=modeling.Electra.encode)
-  enc = model_lib.encoder_params(mc, src_params)
   got = modeling.Electra(dataclasses.replace(mc, embedding_sharing="shared")).apply(
       {"params": enc}, ids, seg, method=modeling.Electra.encode)
   np.testing.assert_allclose(got, want, atol=1e-6)

@@ -29,7 +29,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
     labels = rng.integers(0, 3, batch_size).astype(np.int32)
   train = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_fraction=0.0, layer_decay=0.8, weight_decay=0.01,
                                          adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0))
-  tx, _ = model_lib.optimizer(train, 10, mc.discriminator.num_layers)
+  tx, _ = experiment.optimizer(train, 10, mc.discriminator.num_layers)
   mesh = sharding.create_mesh(*mesh)
   accumulate.check(batch_size, k, mesh.shape["data"] * mesh.shape["fsdp"])
   sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], tx, mesh)

@@ -3,7 +3,7 @@ selection on a dev fold carved from the training rows (never on the eval split).
 import numpy as np
 import pytest
 
-from electra_jax import finetune
+from electra_jax import finetune, modeling
 from electra_jax.finetune import model as model_lib, plan as plan_lib
 from tests import helpers
 
@@ -28,13 +28,13 @@ def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(wo
   path, config = workdir
   c = _config(path)
   pre = plan_lib.resolve(c, str(tmp_path / "pre"))
-  pre_config, pre_params = model_lib.load_source(c, pre.init, pre.tokenizer)
+  pre_model, pre_encoder = model_lib.load_source(c, pre.init, pre.tokenizer)
   c.random_init = True
   rnd = plan_lib.resolve(c, str(tmp_path / "rnd"))
-  rnd_config, rnd_params = model_lib.load_source(c, rnd.init, rnd.tokenizer)
-  assert rnd_params is None and pre_params is not None
+  rnd_model, rnd_encoder = model_lib.load_source(c, rnd.init, rnd.tokenizer)
+  assert rnd_encoder is None and pre_encoder is not None
   assert rnd.tokenizer == pre.tokenizer
-  assert rnd_config.model.to_dict() == pre_config.model.to_dict() == config.model.to_dict()
+  assert rnd_model == pre_model == modeling.ModelConfig.from_config(config)
 
 
 def test_dev_fold_and_label_budget_are_seeded_and_disjoint():

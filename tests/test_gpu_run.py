@@ -187,8 +187,8 @@ def test_pretraining_is_time_boxed_and_evaluated(dry_run):
 @pytest.mark.slow
 def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   out, results = dry_run
-  from electra_jax.hf import directory  # pylint: disable=g-import-not-at-top
-  config, params = directory.import_hf(str(out / "export"))
+  from electra_jax import weights  # pylint: disable=g-import-not-at-top
+  config, params, _ = weights.load(str(out / "export"))
   assert config.model.num_layers == tiny.get_config().model.num_layers and params
   ft = results["steps"]["finetune"]["figures"]["results"]
   assert sorted(r["method"] for r in ft) == ["pre-trained", "random init"]

@@ -206,7 +206,7 @@ BELOW_COMMANDS = ("modeling", "sharding", "state", "objectives", "optim", "accum
 TAKE_A_CONFIGDICT = {
     "modeling.from_config": "where a config becomes the typed ModelConfig",
     "optim.build": "the train section: the optimiser recipe's keys",
-    "optim.create": "the train section",
+    "optim.pretraining": "the train section",
     "objectives.compute_loss": "the objective section, read inside the step (losses.Batch carries it)",
     "objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
     "two_stage.wrap_update": "its switch step",

@@ -61,14 +61,9 @@ def main(config, workdir, seeds, learning_rates):
   seeds = [_number(int, "seeds", s) for s in seeds]
   # The library only now: flags and config are checked without it, in a fraction of a second.
   from electra_jax import sharding  # pylint: disable=g-import-not-at-top
-  from electra_jax.finetune import loop, plan as plan_lib, protocol  # pylint: disable=g-import-not-at-top
+  from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top
   sharding.initialize_runtime()
-  if seeds or rates:  # a plan per run
-    results = protocol.run(config, workdir, seeds or [config.train.seed], rates or [config.train.learning_rate])
-  else:
-    plan = plan_lib.resolve(config, workdir)
-    logging.info("%s", plan.describe())
-    results = loop.train(plan)
+  results = protocol.run(config, workdir, seeds, rates)
   if results is not None:
     logging.info("%s", json.dumps(results))
 

@@ -7,6 +7,7 @@ folded with the step, so a run resumed from a checkpoint ends as an uninterrupte
 import dataclasses
 import functools
 import math
+import re
 from typing import Callable
 
 import jax
@@ -15,7 +16,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, modeling, sharding, sources, state as state_lib
+from electra_jax import accumulate, aot, modeling, optim, sharding, sources, state as state_lib
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import input_pipeline
 from electra_jax.finetune import model as model_lib, tasks
@@ -74,6 +75,32 @@ def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
 
 
+def lr_multiplier(path, num_layers: int, decay: float) -> float:
+  """Layer-wise LR decay as the official _get_layer_lrs: depth 0 for the embeddings (and their projection), i + 1
+  for encoder layer i, L + 2 for the task head, and lr · decay^(L + 2 - depth): the embeddings decay^(L+2), layer i
+  decay^(L+1-i), the head 1."""
+  names = [getattr(k, "key", str(k)) for k in path]
+  if "electra" not in names:
+    return 1.0
+  layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
+  return decay ** (num_layers + 1 - layer[0] if layer else num_layers + 2)
+
+
+def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
+  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
+  (weight decay included, as in the official code)."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def optimizer(train, num_steps: int, num_layers: int):
+  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, and layer-wise LR decay."""
+  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps)
+  return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
+
+
 def encoder_config(ft: ml_collections.ConfigDict, src: modeling.ModelConfig) -> modeling.ModelConfig:
   """The discriminator of the pre-training model `src` alone, in the shared layout, with the fine-tuning dropout."""
   return dataclasses.replace(src, embedding_sharing="shared", dropout_rate=ft.train.dropout_rate,
@@ -101,7 +128,7 @@ class Setup:
   learning_rate: float  # Steps' fields, below
   layer_decay: float
   schedule: Callable[[int], float]
-  sharded: state_lib.Sharded
+  sharded: sharding.Sharded
   step_fn: Callable
   predict: Callable
 
@@ -125,14 +152,12 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   """What `ft` builds (the data read and encoded, the model, its jitted step) from its plan's parts: the weights it
   starts from (`init`; None: random init of config.model's sizes), the tokenizer, and whether the run starts afresh
   (a resumed run reads init's architecture alone); nothing is written."""
-  src_config, src_params = model_lib.load_source(ft, init, tokenizer_path, with_params=fresh)
-  src_mc = modeling.ModelConfig.from_config(src_config)
-  encoder = None if src_params is None else jax.device_get(model_lib.encoder_params(src_mc, src_params))
+  src_mc, encoder = model_lib.load_source(ft, init, tokenizer_path, with_params=fresh)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
-  if tok.vocab_size != src_config.data.vocab_size:
+  if tok.vocab_size != src_mc.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
-                     f"{src_config.data.vocab_size}")
-  seq_len = min(ft.seq_len, src_config.model.max_position_embeddings)
+                     f"{src_mc.vocab_size}")
+  seq_len = min(ft.seq_len, src_mc.max_position_embeddings)
   head, train, eval_, test = load_task(ft.task, tok, seq_len)
   metric = tasks.selection_metric(ft.task, head.selectable)
   rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
@@ -165,7 +190,7 @@ class Steps:
   learning_rate: float  # the peak rate, train.learning_rate resolved
   layer_decay: float  # train.layer_decay resolved
   schedule: Callable[[int], float]
-  sharded: state_lib.Sharded
+  sharded: sharding.Sharded
   step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
   predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
 
@@ -177,7 +202,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   train_config = ft.train.copy_and_resolve_references()
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
-  tx, schedule = model_lib.optimizer(train_config, num_steps, mc.discriminator.num_layers)
+  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers)
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)

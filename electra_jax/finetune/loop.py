@@ -39,17 +39,35 @@ def train(plan: plan_lib.Plan) -> dict | None:
     if plan.replace:
       workdir_lib.empty(workdir)
     ckpt = checkpoints.Checkpointer(workdir, ft, setup.tokenizer_path)
+    tuning = Tuning(setup, workdir, t0)
     state, progress = restore_or_init(setup, ckpt, plan)
+    tuning.progress = progress
     plan.write()
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
                  len(setup.train.examples.labels), setup.train.size, setup.head.num_labels)
-    tuning = Tuning(setup, workdir, writer, progress, t0)
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
                               log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
                               writer=writer, clock=clock, closers=(), done=tuning.converged,
                               profile_steps=ft.train.profile_steps, peer_timeout_s=ft.train.peer_timeout_s)
-    return None if stopped else _results(setup, progress, tuning.seconds(), workdir)
+    if stopped:
+      return None
+    # The selected model's eval metrics and the run's facts.
+    progress = tuning.progress
+    best = progress.best
+    results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file,
+                   init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
+                   num_train=setup.train.size, num_eval=setup.eval.size, num_steps=setup.num_steps,
+                   stopped_early=progress.stopped_early, learning_rate=setup.learning_rate,
+                   layer_decay=setup.layer_decay, steps_per_epoch=setup.steps_per_epoch, seed=ft.train.seed,
+                   train_loss=float(np.mean(progress.losses)), labels=setup.head.names, metric=setup.metric,
+                   seconds=tuning.seconds(), eval_metrics=list(best["eval"]))
+    results.update(best["eval"])
+    if setup.dev is not None:  # model selection on the dev fold, never on the eval split
+      results.update(selected_step=best["step"], dev=best["dev"], history=progress.history)
+    if jax.process_index() == 0:
+      storage.write(epath.Path(workdir) / RESULTS_FILE, json.dumps(results, indent=2))
+    return results
 
 
 @dataclasses.dataclass
@@ -68,30 +86,31 @@ PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions 
 def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
                     plan: plan_lib.Plan) -> tuple[state_lib.TrainState, Progress]:
   """As `plan` says: the latest checkpoint's state and progress on the current mesh, or a fresh state from
-  train.seed (with init_from's encoder) and progress."""
-  if plan.resume_step is None:
-    state = s.sharded.init(jax.random.key(s.ft.train.seed))
-    if s.encoder is not None:
-      if jax.tree.map(np.shape, s.encoder) != jax.tree.map(lambda x: x.shape, state.params["electra"]):
-        raise ValueError(f"{s.ft.init_from}: the checkpoint's encoder does not match its config")
-      num_layers, fresh = s.mc.discriminator.num_layers, state.params["electra"]["discriminator"]
-      top = {f"layer_{i}": fresh[f"layer_{i}"]  # the fresh init's top layers are kept
-             for i in range(num_layers - s.ft.train.reinit_layers, num_layers)}
-      loaded = dict(s.encoder, discriminator=dict(s.encoder["discriminator"], **top))
-      state = state.replace(params=dict(state.params,
-                                        electra=jax.device_put(loaded, s.sharded.state.params["electra"])))
+  train.seed (with init_from's encoder, its top train.reinit_layers layers left as initialised) and progress."""
+  if plan.resume_step is not None:
+    restored = ckpt.restore(s.sharded.abstract(), set_aside_corrupt=True)
+    logging.info("Resumed %s from step %d", plan.workdir, int(restored.state.step))
+    return restored.state, Progress(**restored.extra[PROGRESS])
+  state = s.sharded.init(jax.random.key(s.ft.train.seed))
+  if s.encoder is None:
     return state, Progress()
-  restored = ckpt.restore(s.sharded.abstract(), set_aside_corrupt=True)
-  logging.info("Resumed %s from step %d", plan.workdir, int(restored.state.step))
-  return restored.state, Progress(**restored.extra[PROGRESS])
+  if jax.tree.map(np.shape, s.encoder) != jax.tree.map(lambda x: x.shape, state.params["electra"]):
+    raise ValueError(f"{s.ft.init_from}: the checkpoint's encoder does not match its config")
+  num_layers, fresh = s.mc.discriminator.num_layers, state.params["electra"]["discriminator"]
+  top = {f"layer_{i}": fresh[f"layer_{i}"]  # the fresh init's top layers are kept
+         for i in range(num_layers - s.ft.train.reinit_layers, num_layers)}
+  loaded = dict(s.encoder, discriminator=dict(s.encoder["discriminator"], **top))
+  electra = jax.device_put(loaded, s.sharded.state.params["electra"])
+  return state.replace(params=dict(state.params, electra=electra)), Progress()
 
 
 class Tuning:
   """What fine-tuning brings to loop.run: batches of the training rows, the mean loss at each log step, evaluation
   and model selection (best/ and the predictions of the model selected), and its progress in each checkpoint."""
 
-  def __init__(self, s: Setup, workdir: str, writer: metrics_lib.Writer, progress: Progress, t0: float):
-    self.s, self.workdir, self.writer, self.progress, self.t0 = s, workdir, writer, progress, t0
+  def __init__(self, s: Setup, workdir: str, t0: float):
+    self.s, self.workdir, self.t0 = s, workdir, t0
+    self.progress = Progress()  # the run's, as restore_or_init found it
     self.logged = []  # the losses since the last log step
 
   def seconds(self) -> float:
@@ -104,17 +123,17 @@ class Tuning:
     return s.global_batch(s.train.examples, batch_rows(step - 1, s.ft.train.seed, n, s.ft.train.batch_size))
 
   def after_step(self, step: int, state: state_lib.TrainState, step_metrics: dict, losses: list[float],
-                 log_now: bool, eval_now: bool) -> dict | None:
+                 log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
     self.progress.losses = (self.progress.losses + losses)[-self.s.steps_per_epoch:]
     self.logged += losses
     postfix = None
     if log_now:
       loss = np.mean(self.logged)
-      self.writer.write(step, dict(loss=loss, learning_rate=self.s.schedule(step - 1),
-                                   grad_norm=step_metrics["grad_norm"], elapsed_s=time.time() - self.t0))
+      writer.write(step, dict(loss=loss, learning_rate=self.s.schedule(step - 1), grad_norm=step_metrics["grad_norm"],
+                              elapsed_s=time.time() - self.t0))
       postfix, self.logged = dict(loss=f"{loss:.4f}"), []
     if eval_now:
-      self.evaluate(step, state.params)
+      self.evaluate(step, state.params, writer)
     return postfix
 
   def converged(self) -> bool:
@@ -132,7 +151,7 @@ class Tuning:
   def extra(self) -> dict:
     return {PROGRESS: dataclasses.asdict(dataclasses.replace(self.progress, seconds=self.seconds()))}
 
-  def evaluate(self, step: int, params):
+  def evaluate(self, step: int, params, writer: metrics_lib.Writer):
     """Scores the eval split (and the dev fold); keeps the model in best/ when model selection picks it."""
     s = self.s
     eval_outputs = s.outputs(params, s.eval.examples)
@@ -140,7 +159,7 @@ class Tuning:
     if s.dev is not None:
       record["dev"] = s.head.metrics(s.dev, s.outputs(params, s.dev.examples))
     self.progress.history.append(record)
-    self.writer.write(step, {f"{split}_{k}": v for split in ("dev", "eval") for k, v in record.get(split, {}).items()})
+    writer.write(step, {f"{split}_{k}": v for split in ("dev", "eval") for k, v in record.get(split, {}).items()})
     if self.selects(record):
       self.save_best(record, params, eval_outputs)
     logging.info("step %d: %s", step, {k: record[k] for k in ("dev", "eval") if k in record})
@@ -164,20 +183,3 @@ class Tuning:
         rows = s.head.prediction_rows(split, outputs)
         storage.write(epath.Path(self.workdir) / f"predictions_{name}.jsonl",
                       "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _results(s: Setup, progress: Progress, seconds: float, workdir: str) -> dict:
-  """The selected model's eval metrics and the run's facts, written to eval_results.json (process 0)."""
-  ft, best = s.ft, progress.best
-  results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file,
-                 init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
-                 num_train=s.train.size, num_eval=s.eval.size, num_steps=s.num_steps,
-                 stopped_early=progress.stopped_early, learning_rate=s.learning_rate, layer_decay=s.layer_decay,
-                 steps_per_epoch=s.steps_per_epoch, seed=ft.train.seed, train_loss=float(np.mean(progress.losses)),
-                 labels=s.head.names, metric=s.metric, seconds=seconds, eval_metrics=list(best["eval"]))
-  results.update(best["eval"])
-  if s.dev is not None:  # model selection on the dev fold, never on the eval split
-    results.update(selected_step=best["step"], dev=best["dev"], history=progress.history)
-  if jax.process_index() == 0:
-    storage.write(epath.Path(workdir) / RESULTS_FILE, json.dumps(results, indent=2))
-  return results

@@ -1,5 +1,5 @@
-"""The fine-tuned models: the discriminator's encoder ("electra") with a task head named as in HF transformers, where
-the encoder weights come from, and the optimiser with layer-wise LR decay.
+"""The fine-tuned models: the discriminator's encoder ("electra") with a task head named as in HF transformers, and
+where the encoder weights come from.
 
   Classifier          [B, num_labels] from the [CLS] state  (ElectraForSequenceClassification; 1 label: regression)
   TokenClassifier     [B, L, num_labels], one per piece      (ElectraForTokenClassification)
@@ -7,16 +7,14 @@ the encoder weights come from, and the optimiser with layer-wise LR decay.
 
 Each is built as MODELS[task.type](model_config, num_labels) and called as model(input_ids, segment_ids,
 deterministic=...), float32 logits out."""
-import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, optim, sources, weights
+from electra_jax import modeling, sources, weights
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.hf import convert as hf_convert
 
@@ -82,47 +80,20 @@ MODELS = {"classification": Classifier, "regression": Classifier, "token_classif
           "qa": QuestionAnswering}
 
 
-def lr_multiplier(path, num_layers: int, decay: float) -> float:
-  """Layer-wise LR decay as the official _get_layer_lrs: depth 0 for the embeddings (and their projection), i + 1
-  for encoder layer i, L + 2 for the task head, and lr · decay^(L + 2 - depth): the embeddings decay^(L+2), layer i
-  decay^(L+1-i), the head 1."""
-  names = [getattr(k, "key", str(k)) for k in path]
-  if "electra" not in names:
-    return 1.0
-  layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
-  return decay ** (num_layers + 1 - layer[0] if layer else num_layers + 2)
-
-
-def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
-  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
-  (weight decay included, as in the official code)."""
-  def update(updates, state, params=None):
-    del params
-    return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def optimizer(train, num_steps: int, num_layers: int):
-  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, and layer-wise LR decay."""
-  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps)
-  return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
-
-
 def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer: str, with_params: bool = True):
-  """(pre-training config, its params or None) of a run's plan: init's (its architecture alone under random_init or
-  without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with `tokenizer`'s
-  vocabulary."""
-  if init is None:
-    config = config_lib.base()
+  """(the pre-training model's ModelConfig, its discriminator's encoder in the Classifier's layout as host arrays,
+  its effective embeddings with gdes folded in, or None) of a run's plan: init's (its architecture alone under
+  random_init or without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with
+  `tokenizer`'s vocabulary."""
+  if init is not None:
+    source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
+    config, params = source.config, source.params
+  else:
+    config, params = config_lib.base(), None
     config.model.update(ft.model.to_dict())
     config.data.update(vocab_size=tokenizer_lib.Tokenizer(tokenizer).vocab_size, tokenizer=tokenizer)
-    return config, None
-  source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
-  return source.config, source.params
-
-
-def encoder_params(mc: modeling.ModelConfig, params):
-  """The discriminator's encoder in the Classifier's layout (its effective embeddings: gdes folded), from the
-  parameters of the pre-training model `mc` describes."""
+  mc = modeling.ModelConfig.from_config(config)
+  if params is None:
+    return mc, None
   d = hf_convert.network_params(mc, params, "discriminator")
-  return {"embeddings": d["embeddings"], "discriminator": d["encoder"]}
+  return mc, jax.device_get({"embeddings": d["embeddings"], "discriminator": d["encoder"]})

@@ -7,14 +7,14 @@ import dataclasses
 import ml_collections
 
 from electra_jax import checkpoints, sources, storage
-from electra_jax import loop as loop_lib
+from electra_jax import config as config_lib
 from electra_jax import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   ft: ml_collections.ConfigDict
-  workdir: str
+  workdir: str  # absolute
   init: sources.Source | None  # init_from's weights (or, with random_init, its architecture); None: random init
   tokenizer: str  # config.tokenizer, else init_from's
   replace: bool  # the workdir holds another run, emptied first (--config.overwrite)
@@ -43,17 +43,26 @@ class Plan:
                                                         resume_step=self.resume_step, start=self.start()))
 
 
-def resolve(ft: ml_collections.ConfigDict, workdir: str) -> Plan:
-  """The plan of fine-tuning `ft` in `workdir`; a one-line ValueError/OSError on a bad config or a workdir it may not
-  write (another run's without ft.overwrite, or one that holds or lies inside what the run reads)."""
-  loop_lib.check_config(ft.train, "batch_size", "eval_batch_size")
+def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | None = None,
+            seed: int | None = None) -> Plan:
+  """The plan of fine-tuning `ft` in `workdir` (at train.learning_rate and train.seed, or the protocol's
+  `learning_rate` and `seed`); a one-line ValueError/OSError on a bad config or a workdir it may not write (another
+  run's without ft.overwrite, or one that holds or lies inside what the run reads)."""
+  ft = _at(ft, learning_rate, seed)
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
   if not (ft.init_from or ft.tokenizer):
     raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
   init = sources.resolve(ft.init_from) if ft.init_from else None
-  storage.refuse_overlap(workdir, workdir_lib.finetune_inputs(ft, init.inputs() if init else []), "--workdir")
-  workdir_lib.check_writable(workdir)
-  replace = workdir_lib.check_finetune_workdir(workdir, ft)
-  tokenizer = ft.tokenizer or (init.tokenizer if init else "")
-  return Plan(ft, workdir, init, tokenizer, replace, None if replace else checkpoints.latest_step(workdir))
+  replace = workdir_lib.check_finetune_workdir(workdir, ft, init.inputs() if init else [])
+  config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
+  return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), replace,
+              None if replace else checkpoints.latest_step(workdir))
+
+
+def _at(ft: ml_collections.ConfigDict, learning_rate: float | None, seed: int | None) -> ml_collections.ConfigDict:
+  """A copy of `ft` at `learning_rate` and `seed` (None: as it is)."""
+  ft = ft.copy_and_resolve_references()
+  ft.train.update(learning_rate=ft.train.learning_rate if learning_rate is None else learning_rate,
+                  seed=ft.train.seed if seed is None else seed)
+  return ft

@@ -1,6 +1,7 @@
-"""The paper's fine-tuning protocol: one config run for every (learning rate, seed), the rate chosen on the dev fold,
-the eval split reported at that rate as the median (min-max) over seeds, as ELECTRA reports GLUE (median of several
-seeds). `electra-finetune --seeds=0,1,2 --learning_rates=1e-4,3e-4` runs it.
+"""electra-finetune's runs: one run of a config, or the paper's fine-tuning protocol: one run for every (learning
+rate, seed), the rate chosen on the dev fold, the eval split reported at that rate as the median (min-max) over seeds,
+as ELECTRA reports GLUE (median of several seeds). `electra-finetune --seeds=0,1,2 --learning_rates=1e-4,3e-4` runs
+it.
 
 The rate chosen is the one whose runs' selected models score best on the dev fold (median over seeds of task.metric);
 the eval split never chooses anything. Each run is an ordinary fine-tuning workdir, WORKDIR/lr<rate>/seed<seed>, so an
@@ -87,33 +88,33 @@ def plot_curves(runs: dict[str, list[dict]], metric: str, path: epath.Path):
   storage.write(path, png.getvalue())
 
 
-def _run_config(ft: ml_collections.ConfigDict, rate: float, seed: int) -> ml_collections.ConfigDict:
-  c = ft.copy_and_resolve_references()
-  c.train.update(learning_rate=rate, seed=seed)
-  return c
-
-
 def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: list[float]) -> dict | None:
-  """Fine-tunes `ft` at every rate and seed (resuming runs already there); returns the summary (also written to
-  WORKDIR), or None when a signal stopped a run (run the same command again to go on)."""
-  check(ft, seeds, rates)
-  plans = [plan_lib.resolve(_run_config(ft, rate, seed), run_dir(workdir, rate, seed)) for rate in rates
-           for seed in seeds]  # every run's, before the first is built
-  runs = {}
+  """Fine-tunes `ft` once in `workdir` and returns its results; or, with `seeds` or `rates`, at every rate and seed
+  (each run in run_dir; runs already there resume) and returns the protocol's summary (also written to WORKDIR).
+  Every run's plan is resolved before the first is built. None when a signal stopped a run (run the same command
+  again to go on)."""
+  protocol = bool(seeds or rates)
+  seeds, rates = seeds or [ft.train.seed], rates or [ft.train.learning_rate]
+  if protocol:
+    check(ft, seeds, rates)
+  plans = [plan_lib.resolve(ft, run_dir(workdir, rate, seed) if protocol else workdir, rate, seed) for rate in rates
+           for seed in seeds]
+  by_rate = {}
   for plan in plans:
-    logging.info("Protocol: learning rate %s, seed %d\n%s", f"{plan.ft.train.learning_rate:g}" if
-                 plan.ft.train.learning_rate else "by the width", plan.ft.train.seed, plan.describe())
+    rate = plan.ft.train.learning_rate
+    logging.info("%s%s", f"Protocol: learning rate {f'{rate:g}' if rate else 'by the width'}, seed "
+                 f"{plan.ft.train.seed}\n" if protocol else "", plan.describe())
     results = loop.train(plan)
-    if results is None:
-      return None
-    runs.setdefault(results["learning_rate"], []).append(results)  # as resolved: 0 is the width's rate
-  metric = next(iter(runs.values()))[0]["metric"]
-  summary = dict(summarize(runs, metric), seeds=seeds, runs={f"{rate:g}": r for rate, r in runs.items()})
+    if results is None or not protocol:
+      return results
+    by_rate.setdefault(results["learning_rate"], []).append(results)  # as resolved: 0 is the width's rate
+  metric = next(iter(by_rate.values()))[0]["metric"]
+  summary = dict(summarize(by_rate, metric), seeds=seeds, runs={f"{rate:g}": r for rate, r in by_rate.items()})
   if jax.process_index() == 0:
     out = epath.Path(workdir)
     storage.write(out / SUMMARY_FILE, json.dumps(summary, indent=2))
     storage.write(out / TABLE_FILE, table(summary, seeds))
-    plot_curves({f"lr {rate:g}": r for rate, r in runs.items()}, metric, out / CURVES_FILE)
+    plot_curves({f"lr {rate:g}": r for rate, r in by_rate.items()}, metric, out / CURVES_FILE)
   logging.info("Protocol: learning rate %g chosen on dev; eval %s", summary["chosen_rate"],
                {k: round(v["median"], 4) for k, v in summary["eval"].items()})
   return summary

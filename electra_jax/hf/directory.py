@@ -6,7 +6,7 @@ config (electra_jax_config.json). OUT may be local or gs://, and is either compl
 into a temporary directory and put in place at the end (locally renamed; on gs://, uploaded with config.json, which
 readers look for first, last).
 
-`import_hf(hf_dir)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator saved locally,
+`import_hf(hf_dir, tokenizer_path)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator saved locally,
 with its WordPiece vocab.txt; a generator in hf_dir/generator or `generator_dir`) into (config, params) for
 `experiment.create(config)`. The config is the run's own for our exports, the defaults otherwise, with the sizes of
 the HF config.json. The embedding-sharing mode is inferred: "shared" when the generator's embeddings equal the
@@ -95,17 +95,17 @@ def _read_hf_config(directory: str) -> dict:
   return cfg
 
 
-def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str | None = None):
+def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None):
   """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
   hf_dir/generator when present): params fit `experiment.create(config)`'s state and the config's data.tokenizer
-  points at the directory's tokenizer (sentencepiece.model or vocab.txt)."""
+  is `tokenizer_path`, the directory's tokenizer (sources.resolve finds its sentencepiece.model or vocab.txt, as an
+  absolute path)."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
   gen = _read_hf_config(generator_dir) if generator_dir else None
   if disc.get("hidden_act", "gelu") != "gelu":
     raise ValueError(f"{hf_dir}: hidden_act {disc['hidden_act']!r} is not supported (only exact 'gelu')")
-  tokenizer_path = tokenizer_path or hf_tokenizer.tokenizer_file(hf_dir)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != disc["vocab_size"]:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but {hf_dir} has vocab_size "
@@ -125,7 +125,7 @@ def import_hf(hf_dir: str, generator_dir: str | None = None, tokenizer_path: str
            initializer_range=disc["initializer_range"], layer_norm_eps=disc["layer_norm_eps"])
   if gen is not None:
     m.generator_fraction = gen["hidden_size"] / disc["hidden_size"]
-  config.data.update(vocab_size=disc["vocab_size"], tokenizer=storage.absolute(tokenizer_path),
+  config.data.update(vocab_size=disc["vocab_size"], tokenizer=tokenizer_path,
                      seq_len=min(config.data.seq_len, disc["max_position_embeddings"]))
   model_config = modeling.ModelConfig.from_config(config)
   if gen is not None and (model_config.generator.num_heads != gen["num_attention_heads"] or

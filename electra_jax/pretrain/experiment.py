@@ -10,7 +10,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, losses, masking, modeling, objectives, optim, sharding, state as state_lib
+from electra_jax import accumulate, aot, flops, losses, masking, modeling, objectives, optim, sharding
+from electra_jax import state as state_lib
 from electra_jax.state import TrainState
 from electra_jax.special_ids import SpecialIds
 
@@ -62,9 +63,10 @@ class Experiment:
   model: modeling.Electra
   special: SpecialIds
   schedule: optax.Schedule
-  sharded: state_lib.Sharded
+  sharded: sharding.Sharded
   step: Callable  # (state, batch, rng) -> (state, metrics)
   eval: Callable  # (params, batch, rng) -> metrics
+  step_flops: float  # the train step's model FLOPs (flops.py)
 
 
 def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None,
@@ -72,7 +74,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
   objective = objectives.get(config.objective.name)
-  tx, schedule = optim.create(config.train)
+  tx, schedule = optim.pretraining(config.train)
   update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
   masking.check_masking(config.objective.mask_prob, config.data.seq_len)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
@@ -80,9 +82,11 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
                      "(run on prepared data)")
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(config.train.batch_size, mesh)
-  model = modeling.Electra(modeling.ModelConfig.from_config(config))
   accum_steps = config.train.grad_accum_steps
   accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+  step_flops = objective.flops(flops.costs(model.config, config.objective, config.train.batch_size,
+                                           config.data.seq_len))
   sharded = state_lib.create(functools.partial(objectives.init_params, model, config.objective.name,
                                                config.data.seq_len), tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
@@ -90,7 +94,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   step = sharded.jit_step(functools.partial(train_step, update=update, accum_steps=accum_steps,
                                             nan_at_step=config.train.debug_nan_at_step, **kw))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
-  return Experiment(config, model, special, schedule, sharded, step, evaluate_batch)
+  return Experiment(config, model, special, schedule, sharded, step, evaluate_batch, step_flops)
 
 
 def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:

@@ -38,7 +38,7 @@ def train(plan: plan_lib.Plan) -> TrainState:
     # Every check passed: only now is anything written.
     plan.write()
     writer = metrics_lib.Writer(workdir, int(state.step))
-    body = PreTraining(exp, plan.data, train_iter, writer, int(state.step))
+    body = PreTraining(exp, plan.data, train_iter, int(state.step))
     state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
                             log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
                             writer=writer, clock=clock, closers=(train_iter.close,),
@@ -51,10 +51,9 @@ class PreTraining:
   held-out evaluation at eval steps) at each log step, and the input position in each checkpoint."""
 
   def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData,
-               train_iter: input_pipeline.TrainIterator, writer: metrics_lib.Writer, start: int):
-    self.exp, self.prepared, self.train_iter, self.writer = exp, prepared, train_iter, writer
+               train_iter: input_pipeline.TrainIterator, start: int):
+    self.exp, self.prepared, self.train_iter = exp, prepared, train_iter
     self.tokens_per_step = exp.config.train.batch_size * exp.config.data.seq_len
-    self.step_flops = flops.step_flops(exp.config)
     self.t0 = self.last_time = time.time()
     self.last_step = start
 
@@ -63,21 +62,21 @@ class PreTraining:
     return input_pipeline.to_global(next(self.train_iter), self.exp.sharded.batch)
 
   def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
-                 eval_now: bool) -> dict | None:
+                 eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
     del losses  # a row reports its own step's metrics
     if not (log_now or eval_now):
       return None
     scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
                k in ("disc_loss", "disc_accuracy")}
     now = time.time()
-    scalars.update(flops.throughput(self.step_flops, self.tokens_per_step * (step - self.last_step),
+    scalars.update(flops.throughput(self.exp.step_flops, self.tokens_per_step * (step - self.last_step),
                                     now - self.last_time))
     scalars.update(learning_rate=self.exp.schedule(step - 1), elapsed_s=now - self.t0)
     if eval_now:
       held_out = (input_pipeline.to_global(b, self.exp.sharded.batch)
                   for b in input_pipeline.validation_batches(self.exp.config, self.prepared))
       scalars.update(experiment.evaluate(self.exp, state.params, held_out))
-    self.writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
+    writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
     self.last_step, self.last_time = step, time.time()
     return dict(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
 
@@ -90,14 +89,10 @@ def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, 
   """(state, input position, rng) the run starts from, as `start` says: the workdir's latest checkpoint on the current
   mesh, or fresh from train.seed with its init weights when set, and with their optimiser state and step too under
   with_state (a second phase on other data: the input position starts afresh)."""
-  rng = jax.random.fold_in(jax.random.key(exp.config.train.seed), 1)
+  seed = exp.config.train.seed
+  rng = jax.random.fold_in(jax.random.key(seed), 1)
   if start.resume_step is None:
-    if start.with_state:
-      return weights.state_onto(start.init, exp.sharded, exp.config.train.num_steps), None, rng
-    state = exp.sharded.init(jax.random.key(exp.config.train.seed))
-    if start.init:
-      state = state.replace(params=weights.params_onto(start.init, exp.sharded))
-    return state, None, rng
+    return weights.start_state(start.init, exp.sharded, seed, start.with_state, exp.config.train.num_steps), None, rng
   try:
     restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)
   except checkpoints.OtherModelError as e:

@@ -2,13 +2,12 @@
 and its tokenizer (init_from's when data.tokenizer names none), whether the workdir resumes (from which step) or
 starts fresh (from which weights), and what differs from the config the workdir saved. The experiment and the loop
 take its parts and decide none of them again; it is printed at start and written to WORKDIR/plan.json."""
-import copy
 import dataclasses
 
 import ml_collections
 
 from electra_jax import checkpoints, sources, storage
-from electra_jax import loop as loop_lib
+from electra_jax import config as config_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import prepared as prepared_lib
 
@@ -39,7 +38,7 @@ class Start:
 @dataclasses.dataclass(frozen=True)
 class Plan:
   config: ml_collections.ConfigDict  # resolved: data.* as the data was prepared, the tokenizer it was prepared with
-  workdir: str
+  workdir: str  # absolute
   data: prepared_lib.PreparedData
   start: Start
   changes: tuple[str, ...] | None  # what differs from the workdir's config.json (--allow_config_change); None: none
@@ -64,18 +63,14 @@ def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change
   """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input (config, data,
   workdir, init_from), before anything is built or written."""
   train = config.train
-  loop_lib.check_config(train, "num_steps", "eval_every")
   resume_step = checkpoints.latest_step(workdir)
-  config = copy.deepcopy(config)
-  # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
-  # from whatever directory they run in.
-  config.data.data_dir = storage.absolute(config.data.data_dir)
   config, init = sources.init_source(config, resuming=resume_step is not None)
   # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
   config, data = prepared_lib.find(config)
   changes = workdir_lib.check_workdir(workdir, config, allow_config_change)
+  config_lib.check_counts(train, "num_steps", "eval_every")
   if resume_step is not None and resume_step > train.num_steps:
     raise ValueError(f"workdir {workdir} is at step {resume_step}, past train.num_steps={train.num_steps}: "
                      "raise --config.train.num_steps to continue it")
-  return Plan(config, workdir, data, Start(resume_step, init, train.init_from_state),
+  return Plan(config, storage.absolute(workdir), data, Start(resume_step, init, train.init_from_state),
               None if changes is None else tuple(changes))
