@@ -5,6 +5,7 @@ exposes one method per forward pass; objectives.py composes them. Parameter name
 that export is a rename-free transpose.
 """
 import dataclasses
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -181,44 +182,74 @@ def fused_kernel(dtype) -> str | None:
   return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
 
 
-@jax.custom_vjp
-def softmax(scores: jax.Array) -> jax.Array:
-  """Softmax over the last axis, computed in float32 and returned in the scores' dtype, with a backward pass that
-  keeps that output rather than autodiff's float32 copy: one [B, H, L, L] float32 array fewer to write and read
-  (Base at 512 on a v3: one layer's attention 5.90 -> 5.43 ms by the cost model). In float32 it is
-  jax.nn.softmax; in bfloat16 the gradient is computed from the rounded probabilities."""
-  return jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(scores.dtype)
-
-
-def _softmax_fwd(scores):
-  probs = softmax(scores)
-  return probs, probs
-
-
-def _softmax_bwd(probs, grad):
-  p, g = probs.astype(jnp.float32), grad.astype(jnp.float32)
-  return ((p * (g - (p * g).sum(axis=-1, keepdims=True))).astype(probs.dtype),)
-
-
-softmax.defvjp(_softmax_fwd, _softmax_bwd)
-
-
 def _keep_mask(rng: jax.Array, shape, rate: float):
   """Dropout's keep-mask for `shape`, drawn as Dropout draws it (16-bit integers), and the divisor of what is kept."""
   threshold = round(rate * 2**16)
   return jax.random.bits(rng, shape, jnp.uint16) >= threshold, (2**16 - threshold) / 2**16
 
 
-def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
-  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keys from `rng`; none when
-  rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key] (bool)."""
+def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
+  if rng is None:
+    return x
+  keep, kept = _keep_mask(rng, x.shape, rate)
+  return jnp.where(keep, x / kept, 0)
+
+
+def _masked_scores(q, k, mask):
+  """q kᵀ / √head_dim [batch, heads, query, key] in q's dtype, with the dtype's lowest value where a key is masked
+  and 0 everywhere in a row with no key at all (the uniform softmax that the lowest value alone would give it)."""
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
-  probs = softmax(scores)
-  if rng is not None:
-    keep, kept = _keep_mask(rng, probs.shape, dropout_rate)
-    probs = jnp.where(keep, probs / kept, 0).astype(probs.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+  lowest = jnp.finfo(scores.dtype).min
+  fill = jnp.where(mask.any(-1), lowest, 0).astype(scores.dtype)[:, None, None, None]
+  return jnp.where(mask[:, None, None, :], scores, fill)
+
+
+def _logsumexp(scores: jax.Array) -> jax.Array:
+  """log Σ exp(scores) over the last axis in float32, as one reduction that adds in log space: the TPU fuses it
+  into the scores' matmul, where a max and then a sum of exponentials read the scores twice more."""
+  def add(a, b):
+    hi, lo = jnp.maximum(a, b), jnp.minimum(a, b)
+    return hi + jnp.log1p(jnp.exp(lo - hi))
+  # The start value is float32's lowest rather than -inf, whose difference with itself is nan.
+  start = jnp.float32(jnp.finfo(jnp.float32).min)
+  return jax.lax.reduce(scores.astype(jnp.float32), start, add, (scores.ndim - 1,))[..., None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
+  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keep-masks from `rng`, as
+  Dropout draws them; none when rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key].
+
+  Softmax's probabilities come from the scores and their log-sum-exp per row, and the backward pass keeps only
+  q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores
+  (XLA merges that with the forward's matmul within a step) and the dropout masks from the same key. By the v3 cost
+  model one of Base's D layers' attention (docs/tpu.md) takes 4.06 ms instead of autodiff's 5.43: the [B, H, L, L]
+  arrays are read and written 7 times instead of about 12. The math is autodiff's; in float32 the outputs and
+  gradients equal jax.nn.softmax's attention to rounding."""
+  return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
+
+
+def _attention_fwd(q, k, v, mask, dropout_rate, rng):
+  scores = _masked_scores(q, k, mask)
+  lse = _logsumexp(scores)
+  probs = _dropped(jnp.exp(scores.astype(jnp.float32) - lse), dropout_rate, rng)
+  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+  return out, (q, k, v, mask, rng, out, lse)
+
+
+def _attention_bwd(dropout_rate, residuals, grad):
+  q, k, v, mask, rng, out, lse = residuals
+  probs = jnp.exp(_masked_scores(q, k, mask).astype(jnp.float32) - lse)
+  dv = jnp.einsum("bhqk,bqhd->bkhd", _dropped(probs, dropout_rate, rng).astype(v.dtype), grad)
+  dprobs = _dropped(jnp.einsum("bqhd,bkhd->bhqk", grad, v, preferred_element_type=jnp.float32), dropout_rate, rng)
+  # Softmax's backward subtracts Σ_key probs · dprobs, which is grad · out: a product over head_dim, not the keys.
+  total = jnp.einsum("bqhd,bqhd->bhq", grad.astype(jnp.float32), out.astype(jnp.float32))[..., None]
+  dscores = jnp.where(mask[:, None, None, :], probs * (dprobs - total), 0) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  dscores = dscores.astype(q.dtype)
+  return (jnp.einsum("bhqk,bkhd->bqhd", dscores, k), jnp.einsum("bhqk,bqhd->bkhd", dscores, q), dv, None, None)
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
