@@ -223,7 +223,7 @@ def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array]
   Softmax's probabilities come from the scores and their log-sum-exp per row, and the backward pass keeps only
   q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores
   (XLA merges that with the forward's matmul within a step) and the dropout masks from the same key. By the v3 cost
-  model one of Base's D layers' attention (docs/tpu.md) takes 4.06 ms instead of autodiff's 5.43: the [B, H, L, L]
+  model one of Base's D layers' attention (docs/tpu.md) takes 4.06 ms instead of the 5.43 before it: the [B, H, L, L]
   arrays are read and written 7 times instead of about 12. The math is autodiff's; in float32 the outputs and
   gradients equal jax.nn.softmax's attention to rounding."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
