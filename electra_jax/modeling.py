@@ -256,9 +256,10 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention with a padding mask. Q, K, V are separate layers: slicing a fused QKV projection
   costs extra copies in the backward pass, and HF's layout keeps them separate too.
 
-  attention_impl "einsum" spells the attention out; "fused" calls jax.nn.dot_product_attention (same parameters,
-  same math, no dropout) with the padding given as key lengths (padding is trailing in every batch built here): cuDNN
-  flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`), XLA's lowering elsewhere.
+  attention_impl "einsum" calls `attention` (einsums, with its own backward pass); "fused" calls
+  jax.nn.dot_product_attention (same parameters, same math, no dropout) with the padding given as key lengths (padding
+  is trailing in every batch built here): cuDNN flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`),
+  XLA's lowering elsewhere.
   """
   config: ModelConfig
   encoder: EncoderConfig
