@@ -205,14 +205,12 @@ def _masked_scores(q, k, mask):
 
 
 def _logsumexp(scores: jax.Array) -> jax.Array:
-  """log Σ exp(scores) over the last axis in float32, as one reduction that adds in log space: the TPU fuses it
-  into the scores' matmul, where a max and then a sum of exponentials read the scores twice more."""
-  def add(a, b):
-    hi, lo = jnp.maximum(a, b), jnp.minimum(a, b)
-    return hi + jnp.log1p(jnp.exp(lo - hi))
-  # The start value is float32's lowest rather than -inf, whose difference with itself is nan.
-  start = jnp.float32(jnp.finfo(jnp.float32).min)
-  return jax.lax.reduce(scores.astype(jnp.float32), start, add, (scores.ndim - 1,))[..., None]
+  """log Σ exp(scores) over the last axis, in float32, from the row's max and the sum of exponentials below it. (One
+  reduction that adds in log space fuses into the scores' matmul and read the scores once where these read them
+  twice, but libtpu 0.0.42's compiler crashes on it for every TPU after v3.)"""
+  s = scores.astype(jnp.float32)
+  top = s.max(-1, keepdims=True)
+  return top + jnp.log(jnp.exp(s - top).sum(-1, keepdims=True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -223,9 +221,9 @@ def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array]
   Softmax's probabilities come from the scores and their log-sum-exp per row, and the backward pass keeps only
   q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores
   (XLA merges that with the forward's matmul within a step) and the dropout masks from the same key. By the v3 cost
-  model one of Base's D layers' attention (docs/tpu.md) takes 4.06 ms instead of the 5.43 before it: the [B, H, L, L]
-  arrays are read and written 7 times instead of about 12. The math is autodiff's; in float32 the outputs and
-  gradients equal jax.nn.softmax's attention to rounding."""
+  model one of Base's D layers' attention (docs/tpu.md) takes 4.54 ms instead of the 5.43 of softmax's autodiff: fewer
+  passes over the [B, H, L, L] arrays. The math is autodiff's; in float32 the outputs and gradients equal
+  jax.nn.softmax's attention to rounding."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
 
 
