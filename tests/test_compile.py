@@ -76,9 +76,10 @@ def test_finetuning_steps_compile_for_single_and_multi_host_slices(tpu):
 
 @pytest.mark.slow
 def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
-  # Sixty-four heads over 256 tokens: attention's probabilities make each row large, so few rows fill a v2 core (512
-  # tokens would too, at twice the compile time).
-  flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=256", "--config.model.num_heads=64"]
+  # A 16384-wide feed-forward layer over 256 tokens: its activations make each row large, so few rows fill a v2 core
+  # (attention's probabilities no longer do: modeling.attention keeps none for the backward pass).
+  flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=256",
+           "--config.model.intermediate_size=16384"]
   failed = compile_command(*flags, "--config.train.batch_size=4096", check=False)
   helpers.assert_one_line_error(failed, "electra-compile: error: configs/tiny.py's train step needs ")
   line = failed.stderr.strip().splitlines()[-1]
