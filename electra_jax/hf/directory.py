@@ -6,9 +6,9 @@ config (electra_jax_config.json). OUT may be local or gs://, and is either compl
 into a temporary directory and put in place at the end (locally renamed; on gs://, uploaded with config.json, which
 readers look for first, last).
 
-`import_hf(hf_dir, tokenizer_path)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator saved locally,
-with its WordPiece vocab.txt; a generator in hf_dir/generator or `generator_dir`) into (config, params) for
-`experiment.create(config)`. The config is the run's own for our exports, the defaults otherwise, with the sizes of
+`import_hf(hf_dir, tokenizer_path)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator
+saved locally, with its WordPiece vocab.txt; a generator in hf_dir/generator or `generator_dir`) into (config, params)
+for `experiment.create(config)`. The config is the run's own for our exports, the defaults otherwise, with the sizes of
 the HF config.json. The embedding-sharing mode is inferred: "shared" when the generator's embeddings equal the
 discriminator's (or there is no generator: a fresh one is initialised), "untied" otherwise (a gdes run comes back
 untied, its delta folded into the discriminator's table).
