@@ -1,5 +1,5 @@
 """What a fine-tuning config compiles, before anything is written: the task's splits and head (heads.py), the model and
-optimiser, the pure train_step and its jit (state.py's), and which training rows each step takes.
+optimiser, the pure train_step and its jit (sharding.Sharded), and which training rows each step takes.
 
 The batch of step i is a pure function of (train.seed, i) (one seeded permutation per epoch) and the dropout rng is
 folded with the step, so a run resumed from a checkpoint ends as an uninterrupted one does.

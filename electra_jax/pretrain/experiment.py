@@ -1,5 +1,5 @@
 """What one pre-training config compiles: the model, the optimiser, the one pure train step and the evaluation step,
-jitted over the mesh (state.py), and the evaluation that sums on device."""
+jitted over the mesh (state.py, sharding.py), and the evaluation that sums on device."""
 import dataclasses
 import functools
 from typing import Callable
