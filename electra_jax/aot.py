@@ -98,6 +98,7 @@ class Fit:
   rows_per_device: int
   report: Report
   predicted: int  # what the linear growth of the plan predicted before the confirming compile(s)
+  missed: int = 0  # > 0: every larger try (this many) ran out of HBM, so this is the smallest batch, not the largest
 
 
 def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, rows_per_device: int,
@@ -125,7 +126,7 @@ def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, row
       return Fit(rows, compile_at(rows), predicted)
     except OutOfMemory as e:
       points.append((rows, e.temporaries(fixed)[0]))
-  return Fit(fits[0], fits[1], predicted)
+  return Fit(fits[0], fits[1], predicted, missed=len(points) - 2)
 
 
 def _crossing(points: list[tuple[int, int]], level: int) -> float:

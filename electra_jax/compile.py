@@ -109,9 +109,10 @@ def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
   rows = config.train.batch_size // n
   # The fewest micro-batches, each an equal share of every device's rows, that are no larger than what fits.
   micro = next(k for k in range(accum, rows + 1) if rows % k == 0 and rows // k <= fit.rows_per_device)
-  return (f"{need}; the largest batch that fits is train.batch_size={fit.rows_per_device * n} ({fit.rows_per_device} "
-          f"rows per device: it compiles), or keep the batch with train.grad_accum_steps={micro}" +
-          " or model.remat=True" * remat)
+  found = ("the largest batch that fits is" if not fit.missed else
+           f"the plan grows faster than the batch ({fit.missed} larger tries ran out of HBM): a batch that fits is")
+  return (f"{need}; {found} train.batch_size={fit.rows_per_device * n} ({fit.rows_per_device} rows per device: it "
+          f"compiles), or keep the batch with train.grad_accum_steps={micro}" + " or model.remat=True" * remat)
 
 
 def _row(r, model_flops, tokens, n, hbm, peak) -> dict:

@@ -115,3 +115,19 @@ def test_the_fit_search_reads_misses_near_the_crossing(whole):
   fit = aot.largest_fit(compile_at, aot.OutOfMemory("train step", need, have, whole, "out of HBM"), 256)
   assert temps(fit.rows_per_device) <= hbm - fixed and fit.rows_per_device >= 0.9 * largest, (fit, largest, compiled)
   assert len(compiled) <= 4 and compiled[0] == 1
+
+
+def test_a_search_whose_tries_all_miss_names_the_one_row_batch_as_such():
+  """Where the plan grows far faster than the batch, every try misses: the search ends at the one-row plan it compiled
+  first and says that its tries missed, rather than calling one row the largest batch that fits."""
+  gib, fixed, hbm = 2**30, 3 * 2**30, 16 * 2**30
+  compiled = []
+
+  def compile_at(rows):
+    compiled.append(rows)
+    if rows > 1:
+      raise aot.OutOfMemory("train step", 14 * gib, hbm - fixed, False, "out of HBM")
+    return aot.Report("train step", 0, 0, fixed, 0, 0, gib // 10, 0, 0.0, None)
+
+  fit = aot.largest_fit(compile_at, aot.OutOfMemory("train step", 14 * gib, hbm - fixed, False, "out of HBM"), 256)
+  assert (fit.rows_per_device, fit.missed) == (1, 3) and compiled[0] == 1 and len(compiled) == 4, (fit, compiled)
