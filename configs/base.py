@@ -10,4 +10,5 @@ def get_config():
   c.train.update(num_steps=766_000, batch_size=256, learning_rate=2e-4)
   c.data.seq_len = 512
   c.model.dtype = "bfloat16"
+  c.mesh.update(data=1, fsdp=-1)  # the weights and optimiser state split over the slice (config.py's mesh)
   return c

@@ -11,4 +11,5 @@ def get_config():
   c.train.update(num_steps=400_000, batch_size=2048, learning_rate=2e-4)
   c.data.seq_len = 512
   c.model.update(dtype="bfloat16", remat=True)
+  c.mesh.update(data=1, fsdp=-1)  # the weights and optimiser state split over the slice (config.py's mesh)
   return c

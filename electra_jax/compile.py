@@ -152,7 +152,7 @@ def _print_table(rows):
 
 def main(config, tpu, num_slices, encoder):
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import aot, flops, topology  # pylint: disable=g-import-not-at-top
+  from electra_jax import aot, flops, sharding, topology  # pylint: disable=g-import-not-at-top
   slice_ = topology.parse(tpu, num_slices)
   devices = slice_.devices()
   n, kind = len(devices), devices[0].device_kind
@@ -161,7 +161,7 @@ def main(config, tpu, num_slices, encoder):
   targets, model_flops, tokens, what = _targets(config, encoder, devices)
   print(f"{name} on {slice_.name}: {n} x {kind} on {slice_.num_hosts} host(s), "
         f"{aot.gib(slice_.hbm_bytes_per_device)} HBM per device; {what}; batch {config.train.batch_size} "
-        f"(mesh data={config.mesh.data} fsdp={config.mesh.fsdp})", flush=True)
+        "(mesh data={} fsdp={})".format(*sharding.mesh_shape(**config.mesh, num_devices=n)), flush=True)
   reports = []
   for target in targets:
     try:

@@ -64,15 +64,25 @@ RULES = (
 )
 
 
+def mesh_shape(data: int, fsdp: int, num_devices: int) -> tuple[int, int]:
+  """mesh.* as (data, fsdp) sizes over `num_devices`: data=-1 takes every device fsdp leaves, fsdp=-1 every device
+  data leaves (one slice's or node's devices, with data set to the number of slices or nodes)."""
+  if data == -1 and fsdp == -1:
+    raise ValueError("mesh data=-1 and fsdp=-1: at most one of them can take the devices the other leaves")
+  rows = data if data != -1 else num_devices // max(fsdp, 1)
+  cols = fsdp if fsdp != -1 else num_devices // max(rows, 1)
+  if rows * cols != num_devices or min(rows, cols) < 1:
+    raise ValueError(f"mesh data={data} x fsdp={fsdp} does not match the {num_devices} devices "
+                     "(set mesh.data=-1 or mesh.fsdp=-1 to use all devices the other axis leaves)")
+  return rows, cols
+
+
 def create_mesh(data: int, fsdp: int, devices=None) -> Mesh:
-  """A (data, fsdp) mesh over `devices` (default: this host's); data=-1 takes every device fsdp leaves (mesh.*)."""
+  """A (data, fsdp) mesh (mesh_shape) over `devices`, default this host's."""
   devices = jax.devices() if devices is None else devices
-  rows = data if data != -1 else len(devices) // max(fsdp, 1)
-  if rows * fsdp != len(devices):
-    raise ValueError(f"mesh data={data} x fsdp={fsdp} does not match the {len(devices)} devices "
-                     "(set mesh.data=-1 to use all devices not taken by fsdp)")
+  shape = mesh_shape(data, fsdp, len(devices))
   # Auto axes: stock Flax layers rely on sharding propagation, not explicit-sharding types.
-  return jax.make_mesh((rows, fsdp), MESH_AXES, devices=devices,
+  return jax.make_mesh(shape, MESH_AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 

@@ -140,6 +140,8 @@ CASES = {
                             r"train.batch_size=12 is not divisible by the 8 data-parallel devices and 1 processes"),
     "mesh_not_matching_devices": (None, ["--config.mesh.data=3"],
                                   r"mesh data=3 x fsdp=1 does not match the 8 devices"),
+    "mesh_axes_both_taking_the_rest": (None, ["--config.mesh.fsdp=-1"],
+                                       r"mesh data=-1 and fsdp=-1: at most one of them can take the devices"),
     "seq_len_above_position_table": (None, ["--config.model.max_position_embeddings=32"],
                                      r"data.seq_len=64 exceeds the position table"),
     "objective_typo": (None, ["--config.objective.name=electraa"], r"objective.name='electraa': expected one of"),

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import config as config_lib
+from electra_jax import config as config_lib, sharding
 from electra_jax.pretrain import experiment
 from electra_jax.special_ids import SpecialIds
 
@@ -52,6 +52,15 @@ def test_sharded_step_equals_single_device(objective="electra"):
   # FSDP really shards: the discriminator's FFN kernel is split 4 ways over "fsdp".
   kernel = state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.spec[0] == "fsdp" and kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // 4
+
+
+def test_each_mesh_axis_can_take_the_devices_the_other_leaves():
+  shapes = [(-1, 2), (1, -1), (2, -1), (8, 1)]
+  assert [sharding.mesh_shape(d, f, 8) for d, f in shapes] == [(4, 2), (1, 8), (2, 4), (8, 1)]
+  with pytest.raises(ValueError, match="mesh data=-1 and fsdp=-1: at most one of them"):
+    sharding.mesh_shape(-1, -1, 8)
+  with pytest.raises(ValueError, match="mesh data=3 x fsdp=-1 does not match the 8 devices"):
+    sharding.mesh_shape(3, -1, 8)
 
 
 def test_batch_must_divide_over_devices():

@@ -42,4 +42,5 @@ def get_config(arg: str = "sst2"):
   c.seq_len = 128
   lr, decay = RECIPES[size]
   c.train.update(batch_size=32, learning_rate=lr, layer_decay=decay, warmup_fraction=0.1, min_steps=0, patience=0)
+  c.mesh.update(data=1, fsdp=-1)  # the weights and optimiser state split over the slice (config.py's mesh)
   return c

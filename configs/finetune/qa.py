@@ -13,4 +13,5 @@ def get_config():
   c = base_config()
   c.task.update(type="qa", num_epochs=2.0, doc_stride=64, max_query_length=64, max_answer_length=30)
   c.seq_len = 256
+  c.mesh.update(data=1, fsdp=-1)  # the weights and optimiser state split over the slice (config.py's mesh)
   return c
