@@ -78,7 +78,7 @@ def test_finetuning_steps_compile_for_single_and_multi_host_slices(tpu):
 def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
   """A 65536-wide feed-forward layer over 32 tokens: its activations make each row large, so few rows fill a v2 core.
   Dropout off: the compiles it takes (the miss, one row, the batch it names, which must compile for the line to say
-  so) are the test's time, and random bits are most of this small step's program."""
+  so) are the test's time, and dropout's random bits add to each of them."""
   flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=32",
            "--config.model.intermediate_size=65536", "--config.model.dropout_rate=0",
            "--config.model.attention_dropout_rate=0", "--config.train.batch_size=8192"]
