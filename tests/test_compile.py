@@ -77,8 +77,8 @@ def test_finetuning_steps_compile_for_single_and_multi_host_slices(tpu):
 @pytest.mark.slow
 def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
   """A 65536-wide feed-forward layer over 32 tokens: its activations make each row large, so few rows fill a v2 core.
-  Dropout off: the compiles it takes (the miss, one row, the batch it names, which must compile for the line to say
-  so) are the test's time, and dropout's random bits add to each of them."""
+  Dropout off: the compiles it takes (the miss, one row, the batch it names, then that batch again here) are the
+  test's time, and dropout's random bits add to each of them."""
   flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=32",
            "--config.model.intermediate_size=65536", "--config.model.dropout_rate=0",
            "--config.model.attention_dropout_rate=0", "--config.train.batch_size=8192"]
@@ -89,6 +89,8 @@ def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
   suggested = int(line.split("the largest batch that fits is train.batch_size=")[1].split()[0])
   assert 8 <= suggested < 8192 and suggested % 8 == 0
   assert f"train.batch_size={suggested} ({suggested // 8} rows per device: it compiles)" in line
+  fits = report(compile_command(*flags[:-1], f"--config.train.batch_size={suggested}"))
+  assert fits["steps"][0]["temp_bytes"] < 7.48 * 2**30
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["temporaries", "whole_plan"])
