@@ -10,10 +10,11 @@ OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps tha
   env       Python, jax, torch and transformers versions, devices, nvidia-smi, which optional modules are missing
   prepare   --dry_run without --data_dir only: electra-prepare of configs/tiny.py into OUTPUT/data
   bench     electra-bench in bfloat16 per --bench entry (configs/NAME.py at BATCHxSEQ), with einsum attention and
-            with fused attention (jax.nn.dot_product_attention, attention dropout 0)
+            with fused attention (jax.nn.dot_product_attention, attention dropout 0); with --profile, a trace of
+            each and its ops that took longest (benchmarks/trace_top.py)
   peer      benchmarks/peer_torch.py (HF transformers in PyTorch) at the same shapes, eager and torch.compile
   pretrain  configs/small.py on --data_dir through launch/gpu.sh into OUTPUT/pretrain, time-boxed: num_steps fills
-            --pretrain_minutes at the bench's step time, evaluating held-out D ROC AUC about every 2 minutes, and
+            --pretrain_minutes at the bench's step time, evaluating held-out D ROC AUC every --eval_minutes, and
             SIGTERM at the deadline (the trainer saves that step and exits)
   export    electra-export of OUTPUT/pretrain to OUTPUT/export
   finetune  studies/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
@@ -46,7 +47,6 @@ TIMEOUT_S = 900  # any one command but pre-training, which has its deadline
 GRACE_S = 120  # after SIGTERM: time to save and exit before SIGKILL
 STARTUP_S = 60  # of the pre-training time box: start-up, compiling, the first evaluation
 STEP_MARGIN = 0.8  # the training loop (input pipeline, logging, evaluations) runs slower than the bench's bare step
-EVAL_MINUTES = 2
 # What the steps import beyond jax/flax/optax/orbax; `env` lists the ones missing, then imports the modules the steps
 # run, and records any error.
 MODULES = ("ml_collections", "sentencepiece", "tensorboardX", "tqdm", "etils", "tensorflow_datasets", "array_record",
@@ -173,17 +173,17 @@ def bench_specs(entries: list[str]) -> list[tuple[str, list[str]]]:
   return specs
 
 
-def time_box(minutes: float, step_time_s: float | None, max_steps: int = 0) -> dict:
+def time_box(minutes: float, step_time_s: float | None, max_steps: int = 0, eval_minutes: float = 2.0) -> dict:
   """The pre-training overrides that should end within `minutes` at `step_time_s` a step (at most max_steps if set):
-  the schedule's length and warm-up (a tenth, at most the paper's 10k), evaluations about every EVAL_MINUTES (at least
-  two), a checkpoint at each. Without a step time, none: the config's schedule, cut by the deadline."""
+  the schedule's length and warm-up (a tenth, at most the paper's 10k), evaluations about every eval_minutes (at
+  least two), a checkpoint at each. Without a step time, none: the config's schedule, cut by the deadline."""
   if not step_time_s:
     return {}
   budget_s = max(minutes * 60 - STARTUP_S, minutes * 30)
   num_steps = max(1, int(STEP_MARGIN * budget_s / step_time_s))
   if max_steps:
     num_steps = min(num_steps, max_steps)
-  every = max(1, num_steps // max(2, round(num_steps * step_time_s / 60 / EVAL_MINUTES)))
+  every = max(1, num_steps // max(2, round(num_steps * step_time_s / 60 / eval_minutes)))
   return dict(num_steps=num_steps, warmup_steps=min(10_000, num_steps // 10), eval_every=every,
               checkpoint_every=every, log_every=min(100, every))
 
@@ -243,8 +243,18 @@ def main(argv):
                                                       f"--config.data.data_dir={data_dir}"]))])
 
   def bench():
-    return all_ok([run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing])
-                   for name, args in specs for impl, extra in ATTENTION.items()])
+    runs, profiles = [], {}
+    for name, args in specs:
+      for impl, extra in ATTENTION.items():
+        trace = [f"--profile={out / 'profiles' / f'{name}_{impl}'}"] if FLAGS.profile else []
+        runs.append(run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing,
+                                                             *trace]))
+        if trace and "result" in runs[-1]:
+          top = run.json_command(f"trace_top_{name}_{impl}", [py, str(ROOT / "benchmarks" / "trace_top.py"),
+                                                              trace[0].split("=", 1)[1],
+                                                              f"--steps={runs[-1]['result']['profile_steps']}"])
+          profiles[f"{name}_{impl}"] = top.get("result") or top["error"]
+    return dict(all_ok(runs), profiles=profiles)
 
   def peer():
     peer_py = [py, str(ROOT / "benchmarks" / "peer_torch.py")]
@@ -259,7 +269,7 @@ def main(argv):
                 if "result" in r and r["result"]["config"] == pretrain_config.stem and
                 r["result"]["attention_impl"] == impl]
     step_time = measured[0]["step_time_s"] if measured else None
-    schedule = time_box(FLAGS.pretrain_minutes, step_time, max_steps=20 if dry else 0)
+    schedule = time_box(FLAGS.pretrain_minutes, step_time, 20 if dry else 0, FLAGS.eval_minutes)
     shutil.rmtree(workdir, ignore_errors=True)  # a new time box, not a resumed one
     r = run.command("pretrain", [str(ROOT / "launch" / "gpu.sh"), f"--config={pretrain_config}",
                                  f"--workdir={workdir}", "--", f"--config.data.data_dir={data_dir}",
@@ -334,6 +344,12 @@ def summary(results: dict) -> str:
          f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}", _fmt(b["tflops_per_device"], ".1f"),
          _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f")]
         for b in ours])
+  for name, top in figures("bench").get("profiles", {}).items():
+    if isinstance(top, dict):
+      lines += ["", f"Device time of `{name}` by kind of op ({top['device_ms_per_step']:.2f} ms a step, traced):", ""]
+      lines += _table(["kind of op", "calls", "ms a step", "share"], [
+          [f"`{op['name'][:80]}`", op["calls"], f"{op['ms_per_step']:.3f}", f"{op['share']:.1%}"]
+          for op in top["kinds"][:8]])
   peers = [r["result"] for r in figures("peer").get("runs", []) if "result" in r]
   if peers:
     def ratio(p, impl):
@@ -373,6 +389,9 @@ if __name__ == "__main__":
   flags.DEFINE_string("wheels", None, "First pip install --no-index --no-deps every wheel in this directory, then this "
                       "repository (-e, --no-build-isolation).")
   flags.DEFINE_float("pretrain_minutes", 15.0, "Time box of the ELECTRA-Small pre-training, start-up included.")
+  flags.DEFINE_float("eval_minutes", 2.0, "About how often pre-training evaluates on held-out data (and saves).")
+  flags.DEFINE_bool("profile", True, "Trace each bench run (jax.profiler, into OUTPUT/profiles/) and record the ops "
+                    "that took longest.")
   flags.DEFINE_multi_string("pretrain_override", [], "A --config.KEY=VALUE for pre-training (repeatable), e.g. the "
                             "--config.data.* overrides the data was prepared with, or fused attention: "
                             "--config.model.attention_impl=fused and --config.model.attention_dropout_rate=0")

@@ -22,6 +22,7 @@ from ml_collections import config_flags
 from electra_jax import cli
 
 NUM_BATCHES = 4  # distinct device-resident batches cycled through the timed window
+PROFILE_STEPS = 3  # traced with --profile, after the timed window (tracing slows the host)
 
 
 def define_flags():
@@ -33,7 +34,10 @@ def define_flags():
                           "no TensorFlow needed); default: synthetic ids."),
       flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data (--data_dir or "
                         "config.data.data_dir)."),
-      flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline.")]
+      flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
+      flags.DEFINE_string("profile", None, f"Also trace {PROFILE_STEPS} steps after the timed window into this "
+                          "directory (jax.profiler: TensorBoard's profile plugin or Perfetto read it; "
+                          "benchmarks/trace_top.py lists the ops that took longest).")]
 
 
 def config_name() -> str:
@@ -80,9 +84,11 @@ def memory_report(compiled) -> dict:
   return report
 
 
-def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3) -> dict:
+def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3, profile: str | None = None
+               ) -> dict:
   """Compile time, compiled memory and steady-state step time of `exp.step`: `steps` steps after `warmup`, with one
-  block_until_ready at the end of the window (dispatch runs ahead of the device, as in training)."""
+  block_until_ready at the end of the window (dispatch runs ahead of the device, as in training); then, with
+  `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax import flops  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
@@ -100,6 +106,12 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, step_metrics))
   seconds = time.perf_counter() - t0
+  if profile:
+    with jax.profiler.trace(profile, create_perfetto_trace=True):
+      for i in range(PROFILE_STEPS):
+        state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+      jax.block_until_ready((state, step_metrics))
+    result["profile_steps"] = PROFILE_STEPS
   tokens = steps * config.train.batch_size * config.data.seq_len
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
               **flops.throughput(exp.step_flops, tokens, seconds))
@@ -124,7 +136,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
               pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
 
 
-def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
+def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax import modeling, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
@@ -150,7 +162,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches):
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=exp.step_flops, jax=jax.__version__)
 
-  result.update(time_steps(exp, config, special, prepared, steps, warmup))
+  result.update(time_steps(exp, config, special, prepared, steps, warmup, profile))
   stats = device.memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     result["device_peak_bytes_in_use"] = stats["peak_bytes_in_use"]
