@@ -6,7 +6,9 @@ Reads the newest *.trace.json.gz under the directory (what `electra-bench --prof
 jax.profiler.trace) and sums the durations of each op name on the accelerator's "XLA Ops" line (every line of the
 accelerator where there is no such line; XLA's CPU client threads on a CPU, whose trace has no device). Each row is an
 op name, its calls, its milliseconds per profiled step and its share of the device time summed; then the same by
-kind of op (the name without its instance number: every `fusion.N` together).
+kind of op (the name without its instance number: every `fusion.N` or `gemm_fusion_dot_N` together) and by class
+(matmul, attention, elementwise, reduction/transpose, other: read off XLA's GPU kernel names), with the ops per step
+and how short they are: thousands of 2-microsecond kernels a step mean a launch-bound step, not a compute-bound one.
 """
 import collections
 import glob
@@ -14,6 +16,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 import sys
 
 from absl import app, flags
@@ -33,9 +36,19 @@ def _device_lines(lines: dict) -> list:
   return ops or list(device) or [k for k, v in lines.items() if v.startswith("/host:CPU/tf_XLA")]
 
 
+CLASSES = (("attention", ("sdpa", "flash", "fmha")),
+           ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "dot", "convolution")),
+           ("elementwise", ("loop_",)), ("reduction/transpose", ("input_",)))
+
+
+def op_class(name: str) -> str:
+  return next((c for c, marks in CLASSES if any(m in name.lower() for m in marks)), "other")
+
+
 def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
-  """{"trace", "device_ms_per_step", "ops": [{"name", "calls", "ms_per_step", "share"}, ...], "kinds": [the same by
-  kind]} of the newest trace."""
+  """{"trace", "device_ms_per_step", "ops_per_step", "median_op_us", "share_under_5us", "ops": [{"name",
+  "calls_per_step", "ms_per_step", "share"}, ...], "kinds": [the same by kind], "classes": [the same by class]} of
+  the newest trace."""
   paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
   if not paths:
     raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir} (written by jax.profiler.trace)")
@@ -44,21 +57,24 @@ def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
     data = json.load(f)
   events = data["traceEvents"] if isinstance(data, dict) else data
   keep = set(_device_lines(_lines(events)))
-  total, calls = collections.Counter(), collections.Counter()
-  for e in events:
-    if e.get("ph") == "X" and (e["pid"], e.get("tid")) in keep and not e["name"].startswith("end: "):
-      total[e["name"]] += e.get("dur", 0.0)
-      calls[e["name"]] += 1
-  kind_total, kind_calls = collections.Counter(), collections.Counter()
-  for name, us in total.items():
-    kind = re.sub(r"\.\d+$", "", name)
-    kind_total[kind] += us
-    kind_calls[kind] += calls[name]
-  device_us = sum(total.values())
-  rows = lambda t, c: [dict(name=name, calls=c[name], ms_per_step=us / 1e3 / steps, share=us / device_us)
-                       for name, us in t.most_common(top)]
+  durations = [(e["name"], e.get("dur", 0.0)) for e in events if e.get("ph") == "X" and
+               (e["pid"], e.get("tid")) in keep and not e["name"].startswith("end: ")]
+  if not durations:
+    raise FileNotFoundError(f"no device ops in {path}")
+  device_us = sum(us for _, us in durations)
+
+  def rows(key) -> list[dict]:
+    total, calls = collections.Counter(), collections.Counter()
+    for name, us in durations:
+      total[key(name)] += us
+      calls[key(name)] += 1
+    return [dict(name=name, calls_per_step=calls[name] / steps, ms_per_step=us / 1e3 / steps, share=us / device_us)
+            for name, us in total.most_common(top)]
+
   return dict(trace=os.path.relpath(path, trace_dir), device_ms_per_step=device_us / 1e3 / steps,
-              ops=rows(total, calls), kinds=rows(kind_total, kind_calls))
+              ops_per_step=len(durations) / steps, median_op_us=statistics.median(us for _, us in durations),
+              share_under_5us=sum(us < 5 for _, us in durations) / len(durations), ops=rows(lambda n: n),
+              kinds=rows(lambda n: re.sub(r"[._]\d+$", "", n)), classes=rows(op_class))
 
 
 def main(argv):
@@ -68,11 +84,13 @@ def main(argv):
     report = top_ops(argv[1], flags.FLAGS.top, flags.FLAGS.steps)
   except FileNotFoundError as e:
     sys.exit(f"trace_top: {e}")
-  print(f"{report['trace']}: {report['device_ms_per_step']:.2f} ms of device time per step")
-  for title in ("ops", "kinds"):
-    print(f"by {title[:-1]}:")
+  print(f"{report['trace']}: {report['device_ms_per_step']:.2f} ms of device time a step in "
+        f"{report['ops_per_step']:.0f} ops (median {report['median_op_us']:.1f} us, "
+        f"{report['share_under_5us']:.0%} under 5 us)")
+  for title in ("ops", "kinds", "classes"):
+    print(f"by {title[:-1].replace('classe', 'class')}:")
     for op in report[title]:
-      print(f"{op['share']:6.1%} {op['ms_per_step']:9.3f} ms {op['calls']:6d}  {op['name']}")
+      print(f"{op['share']:6.1%} {op['ms_per_step']:9.3f} ms {op['calls_per_step']:7.1f} a step  {op['name']}")
   print(json.dumps(report))
 
 

@@ -112,9 +112,8 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
         state, step_metrics = compiled(state, batches[i % len(batches)], rng)
       jax.block_until_ready((state, step_metrics))
     result["profile_steps"] = PROFILE_STEPS
-  tokens = steps * config.train.batch_size * config.data.seq_len
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
-              **flops.throughput(exp.step_flops, tokens, seconds))
+              **flops.throughput(exp.step_flops, config.train.batch_size * config.data.seq_len, steps, seconds))
 
 
 def time_pipeline(config, prepared, num_batches: int) -> dict:

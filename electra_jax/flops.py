@@ -81,9 +81,9 @@ def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | No
       two_stage_fraction))
 
 
-def throughput(step_flops: float, tokens: int, seconds: float) -> dict:
-  """tokens/s, TFLOP/s per device and MFU (None where the peak is unknown) over `seconds`."""
-  per_device = step_flops / seconds / jax.device_count()
+def throughput(step_flops: float, tokens_per_step: int, steps: int, seconds: float) -> dict:
+  """tokens/s, TFLOP/s per device and MFU (None where the peak is unknown) of `steps` steps in `seconds`."""
+  per_device = step_flops * steps / seconds / jax.device_count()
   peak = peak_flops()
-  return dict(tokens_per_sec=tokens / seconds, tflops_per_device=per_device / 1e12,
+  return dict(tokens_per_sec=tokens_per_step * steps / seconds, tflops_per_device=per_device / 1e12,
               mfu=None if peak is None else per_device / peak)

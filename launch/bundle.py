@@ -44,7 +44,9 @@ from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # What a JAX-CUDA image with PyTorch and HF transformers has; their own dependencies are counted as present too.
-TARGET_HAS = ("jax", "flax", "optax", "orbax-checkpoint", "sentencepiece", "torch", "transformers")
+# What the GPU image holds (read there 2026-11-27), with everything they depend on.
+TARGET_HAS = ("jax", "flax", "optax", "orbax-checkpoint", "sentencepiece", "torch", "transformers", "scikit-learn",
+              "matplotlib")
 # Dependencies that tensorflow-datasets declares but that reading prepared ArrayRecord data never imports (pyarrow:
 # Parquet files, 50 MB; requests and its own: downloads).
 SKIP = ("pyarrow", "requests", "urllib3", "certifi", "charset-normalizer", "idna")

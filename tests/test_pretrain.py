@@ -7,10 +7,11 @@ import struct
 import subprocess
 import sys
 
+import jax
 import pytest
 from tensorboardX.proto import event_pb2
 
-from electra_jax import metrics, sources
+from electra_jax import flops, metrics, sources
 from electra_jax.data import prepared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +41,10 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
     missing = [f for f in metrics.TRAIN_FIELDS if r.get(f) is None and f != "mfu"]  # no MFU on a CPU
     assert not missing, f"step {r['step']} lacks {missing}"
     assert "mfu" in r
+    # FLOPs per token and device, from each row's throughput: one step's FLOPs over one step's tokens, however many
+    # steps a row spans (rows at steps 10, 20, ... span 10); the run's devices are this process's (XLA_FLAGS)
+    assert r["tflops_per_device"] * 1e12 / r["tokens_per_sec"] == pytest.approx(
+        flops.step_flops(config) / (config.train.batch_size * config.data.seq_len) / jax.device_count(), rel=1e-6)
   assert records[-1]["loss"] < 0.8 * records[0]["loss"]
   assert records[-1]["mlm_loss"] < records[0]["mlm_loss"]
   weight, mask_prob = config.objective.disc_weight, config.objective.mask_prob

@@ -69,7 +69,7 @@ class PreTraining:
     scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
                k in ("disc_loss", "disc_accuracy")}
     now = time.time()
-    scalars.update(flops.throughput(self.exp.step_flops, self.tokens_per_step * (step - self.last_step),
+    scalars.update(flops.throughput(self.exp.step_flops, self.tokens_per_step, step - self.last_step,
                                     now - self.last_time))
     scalars.update(learning_rate=self.exp.schedule(step - 1), elapsed_s=now - self.t0)
     if eval_now:
