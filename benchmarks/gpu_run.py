@@ -14,7 +14,7 @@ OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps tha
             each and its ops that took longest (benchmarks/trace_top.py)
   peer      benchmarks/peer_torch.py (HF transformers in PyTorch) at the same shapes, eager and torch.compile
   pretrain  configs/small.py on --data_dir through launch/gpu.sh into OUTPUT/pretrain, time-boxed: num_steps fills
-            --pretrain_minutes at the bench's step time, evaluating held-out D ROC AUC every --eval_minutes, and
+            --pretrain_minutes at the bench's step time (or --pretrain_step_time), evaluating held-out D ROC AUC every --eval_minutes, and
             SIGTERM at the deadline (the trainer saves that step and exits)
   export    electra-export of OUTPUT/pretrain to OUTPUT/export
   finetune  studies/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
@@ -268,7 +268,7 @@ def main(argv):
     measured = [r["result"] for r in run.results["steps"].get("bench", {}).get("figures", {}).get("runs", [])
                 if "result" in r and r["result"]["config"] == pretrain_config.stem and
                 r["result"]["attention_impl"] == impl]
-    step_time = measured[0]["step_time_s"] if measured else None
+    step_time = FLAGS.pretrain_step_time or (measured[0]["step_time_s"] if measured else None)
     schedule = time_box(FLAGS.pretrain_minutes, step_time, 20 if dry else 0, FLAGS.eval_minutes)
     shutil.rmtree(workdir, ignore_errors=True)  # a new time box, not a resumed one
     r = run.command("pretrain", [str(ROOT / "launch" / "gpu.sh"), f"--config={pretrain_config}",
@@ -391,6 +391,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("wheels", None, "First pip install --no-index --no-deps every wheel in this directory, then this "
                       "repository (-e, --no-build-isolation).")
   flags.DEFINE_float("pretrain_minutes", 15.0, "Time box of the ELECTRA-Small pre-training, start-up included.")
+  flags.DEFINE_float("pretrain_step_time", None, "Seconds per step that the pre-training time box is fitted to; "
+                     "default: the bench step's, with the same attention path (from this --output's results.json).")
   flags.DEFINE_float("eval_minutes", 2.0, "About how often pre-training evaluates on held-out data (and saves).")
   flags.DEFINE_bool("profile", True, "Trace each bench run (jax.profiler, into OUTPUT/profiles/) and record the ops "
                     "that took longest.")

@@ -5,7 +5,7 @@
 Reads the newest *.trace.json.gz under the directory (what `electra-bench --profile=DIR` writes through
 jax.profiler.trace) and sums the durations of each op name on the accelerator's "XLA Ops" line (every line of the
 accelerator where there is no such line; XLA's CPU client threads on a CPU, whose trace has no device). Each row is an
-op name, its calls, its milliseconds per profiled step and its share of the device time summed; then the same by
+op name, its calls and milliseconds a profiled step and its share of the device time summed; then the same by
 kind of op (the name without its instance number: every `fusion.N` or `gemm_fusion_dot_N` together) and by class
 (matmul, attention, elementwise, reduction/transpose, other: read off XLA's GPU kernel names), with the ops per step
 and how short they are: thousands of 2-microsecond kernels a step mean a launch-bound step, not a compute-bound one.

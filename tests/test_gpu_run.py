@@ -246,6 +246,12 @@ def test_a_failed_step_is_recorded_and_what_needs_it_is_skipped(tmp_path):
   assert steps["export"] == dict(status="skipped", reason="needs a successful pretrain step", seconds=0.0)
   assert "| pretrain | failed |" in (tmp_path / "summary.md").read_text()
   assert "gpu_run: pretrain failed" in result.stdout
+  # a step time given fits the box without a bench on this machine
+  again = _gpu_run(f"--data_dir={tmp_path / 'no_data'}", f"--output={tmp_path}", "--steps=pretrain",
+                   "--pretrain_minutes=2", "--pretrain_step_time=0.5", timeout=300)
+  assert again.returncode == 0, again.stderr
+  schedule = json.loads((tmp_path / "results.json").read_text())["steps"]["pretrain"]["figures"]["schedule"]
+  assert schedule == gpu_run.time_box(2, 0.5) and schedule["num_steps"] == 96
 
 
 @pytest.mark.slow
