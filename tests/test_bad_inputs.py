@@ -351,7 +351,7 @@ COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench", "compile")
 OWN_FLAGS = {"prepare": ["config"], "pretrain": ["config", "workdir", "allow_config_change"],
              "export": ["workdir", "output", "step", "overwrite"],
              "finetune": ["config", "workdir", "seeds", "learning_rates"],
-             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches"],
+             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "profile"],
              "compile": ["config", "tpu", "num_slices", "encoder"]}
 
 
