@@ -14,8 +14,8 @@ OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps tha
             each and its ops that took longest (benchmarks/trace_top.py)
   peer      benchmarks/peer_torch.py (HF transformers in PyTorch) at the same shapes, eager and torch.compile
   pretrain  configs/small.py on --data_dir through launch/gpu.sh into OUTPUT/pretrain, time-boxed: num_steps fills
-            --pretrain_minutes at the bench's step time (or --pretrain_step_time), evaluating held-out D ROC AUC every --eval_minutes, and
-            SIGTERM at the deadline (the trainer saves that step and exits)
+            --pretrain_minutes at the bench's step time (or --pretrain_step_time), evaluating held-out D ROC AUC
+            every --eval_minutes, and SIGTERM at the deadline (the trainer saves that step and exits)
   export    electra-export of OUTPUT/pretrain to OUTPUT/export
   finetune  studies/finetune_demo.py: the export against random init on the demo tasks, beside the TF-IDF floor
 
