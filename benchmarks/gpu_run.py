@@ -246,13 +246,13 @@ def main(argv):
     runs, profiles = [], {}
     for name, args in specs:
       for impl, extra in ATTENTION.items():
-        trace = [f"--profile={out / 'profiles' / f'{name}_{impl}'}"] if FLAGS.profile else []
+        trace = out / "profiles" / f"{name}_{impl}"
         runs.append(run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing,
-                                                             *trace]))
-        if trace and "result" in runs[-1]:
+                                                             *([f"--profile={trace}"] if FLAGS.profile else [])]))
+        if FLAGS.profile and "result" in runs[-1]:
+          traced = runs[-1]["result"]["profile_steps"]
           top = run.json_command(f"trace_top_{name}_{impl}", [py, str(ROOT / "benchmarks" / "trace_top.py"),
-                                                              trace[0].split("=", 1)[1],
-                                                              f"--steps={runs[-1]['result']['profile_steps']}"])
+                                                              str(trace), f"--steps={traced}"])
           profiles[f"{name}_{impl}"] = top.get("result") or top["error"]
     return dict(all_ok(runs), profiles=profiles)
 

@@ -87,9 +87,9 @@ def main(argv):
   print(f"{report['trace']}: {report['device_ms_per_step']:.2f} ms of device time a step in "
         f"{report['ops_per_step']:.0f} ops (median {report['median_op_us']:.1f} us, "
         f"{report['share_under_5us']:.0%} under 5 us)")
-  for title in ("ops", "kinds", "classes"):
-    print(f"by {title[:-1].replace('classe', 'class')}:")
-    for op in report[title]:
+  for key, title in (("ops", "op"), ("kinds", "kind"), ("classes", "class")):
+    print(f"by {title}:")
+    for op in report[key]:
       print(f"{op['share']:6.1%} {op['ms_per_step']:9.3f} ms {op['calls_per_step']:7.1f} a step  {op['name']}")
   print(json.dumps(report))
 

@@ -43,8 +43,8 @@ from ml_collections import config_flags
 from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# What a JAX-CUDA image with PyTorch and HF transformers has; their own dependencies are counted as present too.
-# What the GPU image holds (read there 2026-11-27), with everything they depend on.
+# What the JAX-CUDA image with PyTorch and HF transformers holds (read there 2026-11-27); their own dependencies are
+# counted as present too.
 TARGET_HAS = ("jax", "flax", "optax", "orbax-checkpoint", "sentencepiece", "torch", "transformers", "scikit-learn",
               "matplotlib")
 # Dependencies that tensorflow-datasets declares but that reading prepared ArrayRecord data never imports (pyarrow:
