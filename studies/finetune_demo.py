@@ -103,7 +103,10 @@ def judge(init_from: str, task: str, labels: int, seeds, recipe: dict, workdir: 
       c.update(init_from=init_from, random_init=method == "random init")
       c.train.seed = seed
       where = os.path.join(workdir, task, f"labels{labels or 'all'}", method.replace(" ", "_"), f"seed{seed}")
-      runs[method].append(finetune.finetune(c, where))
+      result = finetune.finetune(c, where)
+      if result is None:  # SIGTERM/SIGINT: saved, but a report of unfinished runs would mislead
+        raise SystemExit(f"finetune_demo: stopped by a signal during {where}; no report written")
+      runs[method].append(result)
       print(json.dumps(dict(task=task, labels=labels or "all", method=method, seed=seed,
                             accuracy=runs[method][-1]["accuracy"])), flush=True)
   runs["TF-IDF 1-2-gram + LR"] = [tfidf_floor(task_config(task, labels=labels).task)]
@@ -175,8 +178,9 @@ def pretraining_section(workdir: str, figure: pathlib.Path) -> list[str]:
 
 
 def main(argv):
-  from electra_jax import cli  # pylint: disable=g-import-not-at-top
+  from electra_jax import cli, sharding  # pylint: disable=g-import-not-at-top
   cli.quiet_orbax()
+  sharding.initialize_runtime()  # the compilation cache: every run after a task's first loads its steps
   del argv
   from electra_jax import weights  # pylint: disable=g-import-not-at-top
   from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top

@@ -142,15 +142,16 @@ def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None
   config.objective.embedding_sharing = "shared" if shared else "untied"
   model_config = modeling.ModelConfig.from_config(config)
 
-  # Start from a fresh init so that parts HF lacks (a generator when none is given) are initialised as ours are.
+  emb_key = ("embeddings", "embeddings") if shared else ("discriminator_embeddings", "generator_embeddings")
+  loaded = {emb_key[0]: d["embeddings"], "discriminator": d["encoder"], "discriminator_head": d["head"]}
+  if g is not None:
+    loaded.update({emb_key[1]: g["embeddings"], "generator": g["encoder"], "generator_head": g["head"]})
+  # Parts HF lacks (a generator when none is given) are initialised as ours are; compiling that init costs up to a
+  # minute on a GPU, so it runs only when something is missing.
   model = modeling.Electra(model_config)
   init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(model, config.objective.name, config.data.seq_len,
                                                                   rng)))
-  params = jax.device_get(init(jax.random.key(config.train.seed)))
-  emb_key = ("embeddings", "embeddings") if shared else ("discriminator_embeddings", "generator_embeddings")
-  params[emb_key[0]] = d["embeddings"]
-  params["discriminator"], params["discriminator_head"] = d["encoder"], d["head"]
-  if g is not None:
-    params[emb_key[1]] = g["embeddings"]
-    params["generator"], params["generator_head"] = g["encoder"], g["head"]
+  rng = jax.random.key(config.train.seed)
+  missing = set(jax.eval_shape(init, rng)) - set(loaded)
+  params = dict(jax.device_get(init(rng)), **loaded) if missing else loaded
   return config, params
