@@ -8,8 +8,10 @@ Whether a config fits a TPU slice, and what XLA's TPU compiler expects of it: el
 Compiles the step (reports compile time and compiled.memory_analysis()), warms up, then times --steps steady-state
 steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
 [CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
-ones from the prepared dataset under --data_dir. FLOPs, TFLOP/s and MFU come from electra_jax.flops. The last line
-of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, ...).
+ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
+(loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches, one step in flight): the difference is
+what the host costs. FLOPs, TFLOP/s and MFU come from electra_jax.flops. The last line of output is one JSON object
+(config, device, step_time_s, tokens_per_sec, mfu, memory, ...).
 """
 import json
 import os
@@ -91,10 +93,11 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   state = exp.sharded.init(rng)
-  batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()}
-             for b in host_batches(config, special, prepared)]
+  host = host_batches(config, special, prepared)
+  batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()} for b in host]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
   result = dict(compile_s=time.perf_counter() - t0, **memory_report(compiled))
@@ -106,6 +109,18 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, step_metrics))
   seconds = time.perf_counter() - t0
+  # As the training loop drives it: the jitted step (not the compiled object), each step's host batch placed as it
+  # comes and the step before's loss fetched, one step in flight. Where this is slower, the host sets the pace.
+  state, step_metrics = exp.step(state, batches[0], rng)  # fills jit's own cache (the compilation cache loads it)
+  t0 = time.perf_counter()
+  for i in range(steps):
+    state, metrics = exp.step(state, input_pipeline.to_global(host[i % len(host)], exp.sharded.batch), rng)
+    float(step_metrics["loss"])
+    step_metrics = metrics
+  float(step_metrics["loss"])
+  loop_seconds = time.perf_counter() - t0
+  result.update(loop_step_time_s=loop_seconds / steps,
+                loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps / loop_seconds)
   if profile:
     with jax.profiler.trace(profile, create_perfetto_trace=True):
       for i in range(PROFILE_STEPS):
@@ -171,6 +186,7 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
         f"({result['attention_kernel']}) on "
         f"{result['num_devices']} x {device.device_kind}  compile {result['compile_s']:.1f} s  "
         f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
+        f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms)  "
         f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
         f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
   print(json.dumps(result))

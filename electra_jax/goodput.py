@@ -82,7 +82,7 @@ class Profile:
     `end`, waits for `state()` (the state the step made) before the trace stops, so that it holds the steps' device
     work, not just their dispatch."""
     if step == self.start and self.end >= self.start:
-      jax.profiler.start_trace(self.log_dir)
+      jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
       self.active = True
     if not self.active:
       yield

@@ -157,6 +157,13 @@ def test_every_step_succeeds_and_is_logged(dry_run, bundled):
     assert heading in summary
 
 
+def _assert_device_time_split(top: dict):
+  """trace_top's figures of a trace: shares of one total, classes covering it all."""
+  assert top["device_ms_per_step"] > 0 and top["ops_per_step"] > 0 and top["ops"]
+  assert sum(c["ms_per_step"] for c in top["classes"]) == pytest.approx(top["device_ms_per_step"])
+  assert all(0 < o["share"] <= 1 for o in top["ops"] + top["kinds"])
+
+
 @pytest.mark.slow
 def test_bench_and_peer_figures(dry_run):
   _, results = dry_run
@@ -164,14 +171,13 @@ def test_bench_and_peer_figures(dry_run):
   assert sorted(r["attention_impl"] for r in ours) == ["einsum", "fused"]
   for r in ours:
     assert r["tokens_per_sec"] > 0 and r["step_time_s"] > 0 and r["dtype"] == "bfloat16"
+    assert r["loop_tokens_per_sec"] > 0 and r["loop_step_time_s"] > 0
     assert (r["config"], r["batch"], r["seq_len"]) == ("tiny", 8, 64)
   # each run traced, and its device time split by op: shares of one total, classes covering it all
   profiles = results["steps"]["bench"]["figures"]["profiles"]
   assert sorted(profiles) == ["tiny_8x64_einsum", "tiny_8x64_fused"]
   for top in profiles.values():
-    assert top["device_ms_per_step"] > 0 and top["ops_per_step"] > 0 and top["ops"]
-    assert sum(c["ms_per_step"] for c in top["classes"]) == pytest.approx(top["device_ms_per_step"])
-    assert all(0 < o["share"] <= 1 for o in top["ops"] + top["kinds"])
+    _assert_device_time_split(top)
   peers = [r["result"] for r in results["steps"]["peer"]["figures"]["runs"]]
   assert sorted(r["peer"] for r in peers) == ["eager", "torch.compile"]
   for r in peers:
@@ -189,6 +195,7 @@ def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   assert [r["step"] for r in rows if "eval_disc_auc" in r] == [10, 20] == [e["step"] for e in pre["evals"]]
   assert pre["evals"] == [{k: r.get(k) for k in pre["evals"][0]} for r in rows if "eval_disc_auc" in r]  # as logged
   assert pre["last_step"] == 20 and pre["median_tokens_per_sec"] > 0
+  _assert_device_time_split(pre["profile"])  # 3 steps of the loop itself, traced
 
 
 @pytest.mark.slow
