@@ -360,11 +360,12 @@ def summary(results: dict) -> str:
   for name, top in traced.items():
     if isinstance(top, dict):
       lines += ["", f"Device time of `{name}` ({top['device_ms_per_step']:.2f} ms a step, traced, in "
-                f"{top['ops_per_step']:.0f} ops of median {top['median_op_us']:.1f} µs), by class and by kind of op:",
-                ""]
+                f"{top['ops_per_step']:.0f} ops of median {top['median_op_us']:.1f} µs; busy "
+                f"{top['busy_share']:.0%} of its {top['span_ms_per_step']:.2f} ms span), by class and by kind of op, "
+                "then the host's longest events (their share: of the span):", ""]
       lines += _table(["class or kind of op", "ops a step", "ms a step", "share"], [
           [f"`{op['name'][:80]}`", f"{op['calls_per_step']:.0f}", f"{op['ms_per_step']:.3f}", f"{op['share']:.1%}"]
-          for op in top["classes"] + top["kinds"][:8]])
+          for op in top["classes"] + top["kinds"][:8] + [dict(h, name=f"host: {h['name']}") for h in top["host"][:8]]])
   peers = [r["result"] for r in figures("peer").get("runs", []) if "result" in r]
   if peers:
     def ratio(p, impl):

@@ -9,6 +9,9 @@ op name, its calls and milliseconds a profiled step and its share of the device 
 kind of op (the name without its instance number: every `fusion.N` or `gemm_fusion_dot_N` together) and by class
 (matmul, attention, elementwise, reduction/transpose, other: read off XLA's GPU kernel names), with the ops per step
 and how short they are: thousands of 2-microsecond kernels a step mean a launch-bound step, not a compute-bound one.
+Then the device's span a step (its first op's start to its last op's end) and the share of it busy: a step driven by a
+host that cannot keep up leaves the device idle between ops. Last, the host's longest events by name (dispatch,
+transfers, Python), where that idle time goes.
 """
 import collections
 import glob
@@ -46,9 +49,10 @@ def op_class(name: str) -> str:
 
 
 def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
-  """{"trace", "device_ms_per_step", "ops_per_step", "median_op_us", "share_under_5us", "ops": [{"name",
-  "calls_per_step", "ms_per_step", "share"}, ...], "kinds": [the same by kind], "classes": [the same by class]} of
-  the newest trace."""
+  """{"trace", "device_ms_per_step", "span_ms_per_step", "busy_share", "ops_per_step", "median_op_us",
+  "share_under_5us", "ops": [{"name", "calls_per_step", "ms_per_step", "share"}, ...], "kinds": [the same by kind],
+  "classes": [the same by class], "host": [the same for the host's events, share of the device's span]} of the newest
+  trace."""
   paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
   if not paths:
     raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir} (written by jax.profiler.trace)")
@@ -56,25 +60,33 @@ def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
   with gzip.open(path) as f:
     data = json.load(f)
   events = data["traceEvents"] if isinstance(data, dict) else data
-  keep = set(_device_lines(_lines(events)))
-  durations = [(e["name"], e.get("dur", 0.0)) for e in events if e.get("ph") == "X" and
-               (e["pid"], e.get("tid")) in keep and not e["name"].startswith("end: ")]
-  if not durations:
+  lines = _lines(events)
+  keep = set(_device_lines(lines))
+  spans = [e for e in events if e.get("ph") == "X" and not e["name"].startswith("end: ")]
+  device = [e for e in spans if (e["pid"], e.get("tid")) in keep]
+  if not device:
     raise FileNotFoundError(f"no device ops in {path}")
+  durations = [(e["name"], e.get("dur", 0.0)) for e in device]
   device_us = sum(us for _, us in durations)
+  span_us = max(e["ts"] + e.get("dur", 0.0) for e in device) - min(e["ts"] for e in device)
+  # The host's events on its own lines (a CPU client's trace has no device: its op lines are the device's).
+  host = [(e["name"], e.get("dur", 0.0)) for e in spans
+          if (e["pid"], e.get("tid")) not in keep and lines.get((e["pid"], e.get("tid")), "").startswith("/host")]
 
-  def rows(key) -> list[dict]:
+  def rows(events, key=lambda n: n, total_us=device_us) -> list[dict]:
     total, calls = collections.Counter(), collections.Counter()
-    for name, us in durations:
+    for name, us in events:
       total[key(name)] += us
       calls[key(name)] += 1
-    return [dict(name=name, calls_per_step=calls[name] / steps, ms_per_step=us / 1e3 / steps, share=us / device_us)
+    return [dict(name=name, calls_per_step=calls[name] / steps, ms_per_step=us / 1e3 / steps, share=us / total_us)
             for name, us in total.most_common(top)]
 
   return dict(trace=os.path.relpath(path, trace_dir), device_ms_per_step=device_us / 1e3 / steps,
+              span_ms_per_step=span_us / 1e3 / steps, busy_share=device_us / span_us if span_us else 1.0,
               ops_per_step=len(durations) / steps, median_op_us=statistics.median(us for _, us in durations),
-              share_under_5us=sum(us < 5 for _, us in durations) / len(durations), ops=rows(lambda n: n),
-              kinds=rows(lambda n: re.sub(r"[._]\d+$", "", n)), classes=rows(op_class))
+              share_under_5us=sum(us < 5 for _, us in durations) / len(durations), ops=rows(durations),
+              kinds=rows(durations, lambda n: re.sub(r"[._]\d+$", "", n)), classes=rows(durations, op_class),
+              host=rows(host, total_us=span_us or device_us))
 
 
 def main(argv):
@@ -86,8 +98,9 @@ def main(argv):
     sys.exit(f"trace_top: {e}")
   print(f"{report['trace']}: {report['device_ms_per_step']:.2f} ms of device time a step in "
         f"{report['ops_per_step']:.0f} ops (median {report['median_op_us']:.1f} us, "
-        f"{report['share_under_5us']:.0%} under 5 us)")
-  for key, title in (("ops", "op"), ("kinds", "kind"), ("classes", "class")):
+        f"{report['share_under_5us']:.0%} under 5 us), busy {report['busy_share']:.0%} of its "
+        f"{report['span_ms_per_step']:.2f} ms span")
+  for key, title in (("ops", "op"), ("kinds", "kind"), ("classes", "class"), ("host", "host event (share of span)")):
     print(f"by {title}:")
     for op in report[key]:
       print(f"{op['share']:6.1%} {op['ms_per_step']:9.3f} ms {op['calls_per_step']:7.1f} a step  {op['name']}")

@@ -283,7 +283,8 @@ def test_time_box(minutes, step_time, max_steps, expected):
 
 def test_trace_top_reads_the_gpu_stream(tmp_path):
   """A trace shaped as jax.profiler writes one on a GPU (2026-11-27, H200): the device's ops are the kernels on its
-  stream line; host lines are left out, kinds merge instances, classes follow XLA's kernel names."""
+  stream line; host lines are left out of them and listed apart, kinds merge instances, classes follow XLA's kernel
+  names, the span and its busy share come from the ops' start and end times."""
   import gzip  # pylint: disable=g-import-not-at-top
   from benchmarks import trace_top  # pylint: disable=g-import-not-at-top
   meta = [dict(ph="M", pid=1, name="process_name", args=dict(name="/device:GPU:0")),
@@ -292,13 +293,19 @@ def test_trace_top_reads_the_gpu_stream(tmp_path):
           dict(ph="M", pid=2, tid=5, name="thread_name", args=dict(name="python"))]
   ops = [("gemm_fusion_dot_12", 10.0), ("input_reduce_fusion_3", 2.0), ("input_reduce_fusion_4", 2.0),
          ("loop_add_fusion", 4.0), ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 6.0)] * 2
-  events = meta + [dict(ph="X", pid=1, tid=14, ts=i, dur=d, name=n) for i, (n, d) in enumerate(ops)]
-  events.append(dict(ph="X", pid=2, tid=5, ts=0, dur=1000.0, name="PjitFunction(step)"))
+  # back to back, 1 us idle after each: 48 us busy of a 57 us span
+  starts = [sum(d for _, d in ops[:i]) + i for i in range(len(ops))]
+  events = meta + [dict(ph="X", pid=1, tid=14, ts=t, dur=d, name=n) for t, (n, d) in zip(starts, ops)]
+  events += [dict(ph="X", pid=2, tid=5, ts=0, dur=d, name=n) for n, d in (("PjitFunction(step)", 30.0),
+                                                                          ("TransferToDevice", 3.0))]
   (tmp_path / "plugins").mkdir()
   with gzip.open(tmp_path / "plugins" / "vm.trace.json.gz", "wt") as f:
     json.dump(dict(traceEvents=events), f)
   top = trace_top.top_ops(str(tmp_path), steps=2)
   assert top["ops_per_step"] == 5 and top["device_ms_per_step"] == pytest.approx(0.024)
+  assert top["span_ms_per_step"] == pytest.approx(0.0285) and top["busy_share"] == pytest.approx(48 / 57)
+  assert [(h["name"], h["ms_per_step"]) for h in top["host"]] == [("PjitFunction(step)", 0.015),
+                                                                  ("TransferToDevice", 0.0015)]
   assert top["share_under_5us"] == pytest.approx(0.6) and top["median_op_us"] == 4.0
   assert {k["name"]: k["calls_per_step"] for k in top["kinds"]}["input_reduce_fusion"] == 2
   assert {c["name"]: round(c["share"], 3) for c in top["classes"]} == {
