@@ -211,9 +211,10 @@ def main(argv):
   dry = FLAGS.dry_run
   if not (dry or FLAGS.data_dir):
     raise app.UsageError("--data_dir is required (a directory prepared by electra-prepare), or --dry_run")
-  unknown = set(FLAGS.steps) - set(STEPS)
-  if unknown:
-    raise app.UsageError(f"unknown --steps {', '.join(sorted(unknown))}: choose from {', '.join(STEPS)}")
+  for flag, known in (("steps", STEPS), ("bench_attention", ATTENTION)):
+    unknown = set(FLAGS[flag].value) - set(known)
+    if unknown:
+      raise app.UsageError(f"unknown --{flag} {', '.join(sorted(unknown))}: choose from {', '.join(known)}")
   out = pathlib.Path(FLAGS.output).resolve()
   run = Run(out)
   py = sys.executable
@@ -252,7 +253,8 @@ def main(argv):
   def bench():
     runs, profiles = [], {}
     for name, args in specs:
-      for impl, extra in ATTENTION.items():
+      for impl in FLAGS.bench_attention:
+        extra = ATTENTION[impl]
         trace = out / "profiles" / f"{name}_{impl}"
         runs.append(run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing,
                                                              *([f"--profile={trace}"] if FLAGS.profile else [])]))
@@ -416,6 +418,8 @@ if __name__ == "__main__":
                             "--config.model.attention_impl=fused and --config.model.attention_dropout_rate=0")
   flags.DEFINE_list("bench", ["small:128x128", "base:256x128"], "What bench and peer measure: NAME:BATCHxSEQ "
                     "(configs/NAME.py at that batch and sequence length), comma-separated.")
+  flags.DEFINE_list("bench_attention", list(ATTENTION), "The attention paths bench times: einsum (the paper's, with "
+                    "attention dropout), fused (jax.nn.dot_product_attention, attention dropout 0).")
   flags.DEFINE_integer("bench_steps", 50, "Timed steps per bench or peer run (after 3 warm-up steps).")
   flags.DEFINE_list("finetune_seeds", ["0"], "Fine-tuning seeds (each runs the export and random init per task).")
   flags.DEFINE_list("steps", list(STEPS), f"Steps to run, in this order: {', '.join(STEPS)} (install needs --wheels; "

@@ -9,8 +9,8 @@ op name, its calls and milliseconds a profiled step and its share of the device 
 kind of op (the name without its instance number: every `fusion.N` or `gemm_fusion_dot_N` together) and by class
 (matmul, attention, elementwise, reduction/transpose, other: read off XLA's GPU kernel names), with the ops per step
 and how short they are: thousands of 2-microsecond kernels a step mean a launch-bound step, not a compute-bound one.
-Then the device's span a step (its first op's start to its last op's end) and the share of it busy: a step driven by a
-host that cannot keep up leaves the device idle between ops. Last, the host's longest events by name (dispatch,
+Then the device's span a step (its first op's start to its last op's end) and the share of it busy (some op running):
+a step driven by a host that cannot keep up leaves the device idle between ops. Last, the host's longest events by name (dispatch,
 transfers, Python), where that idle time goes.
 """
 import collections
@@ -69,6 +69,10 @@ def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
   durations = [(e["name"], e.get("dur", 0.0)) for e in device]
   device_us = sum(us for _, us in durations)
   span_us = max(e["ts"] + e.get("dur", 0.0) for e in device) - min(e["ts"] for e in device)
+  busy_us, end = 0.0, float("-inf")  # the union of the ops' intervals: nested or concurrent ones count once
+  for start, stop in sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device):
+    busy_us += max(0.0, stop - max(start, end))
+    end = max(end, stop)
   # The host's events on its own lines (a CPU client's trace has no device: its op lines are the device's).
   host = [(e["name"], e.get("dur", 0.0)) for e in spans
           if (e["pid"], e.get("tid")) not in keep and lines.get((e["pid"], e.get("tid")), "").startswith("/host")]
@@ -82,7 +86,7 @@ def top_ops(trace_dir: str, top: int = 15, steps: int = 1) -> dict:
             for name, us in total.most_common(top)]
 
   return dict(trace=os.path.relpath(path, trace_dir), device_ms_per_step=device_us / 1e3 / steps,
-              span_ms_per_step=span_us / 1e3 / steps, busy_share=device_us / span_us if span_us else 1.0,
+              span_ms_per_step=span_us / 1e3 / steps, busy_share=busy_us / span_us if span_us else 1.0,
               ops_per_step=len(durations) / steps, median_op_us=statistics.median(us for _, us in durations),
               share_under_5us=sum(us < 5 for _, us in durations) / len(durations), ops=rows(durations),
               kinds=rows(durations, lambda n: re.sub(r"[._]\d+$", "", n)), classes=rows(durations, op_class),
