@@ -10,8 +10,8 @@ kind of op (the name without its instance number: every `fusion.N` or `gemm_fusi
 (matmul, attention, elementwise, reduction/transpose, other: read off XLA's GPU kernel names), with the ops per step
 and how short they are: thousands of 2-microsecond kernels a step mean a launch-bound step, not a compute-bound one.
 Then the device's span a step (its first op's start to its last op's end) and the share of it busy (some op running):
-a step driven by a host that cannot keep up leaves the device idle between ops. Last, the host's longest events by name (dispatch,
-transfers, Python), where that idle time goes.
+a step driven by a host that cannot keep up leaves the device idle between ops. Last, the host's longest events by
+name (dispatch, transfers, Python), where that idle time goes.
 """
 import collections
 import glob
