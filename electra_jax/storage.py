@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from typing import Iterable
+from typing import Callable, Iterable
 
 from etils import epath
 
@@ -113,14 +113,20 @@ def copy_file(src, dst):
     shutil.copyfileobj(r, w, _CHUNK)
 
 
-def _files(directory) -> list[str]:
-  """The files under `directory`, as paths relative to it (on gs://, from one listing)."""
+def file_sizes(directory) -> dict[str, int]:
+  """{path relative to `directory`: size in bytes} of the files under it (on gs://, from one listing)."""
   directory = os.fspath(directory)
   if not is_remote(directory):
-    return sorted(os.path.relpath(os.path.join(d, f), directory) for d, _, files in os.walk(directory) for f in files)
+    return {os.path.relpath(os.path.join(d, f), directory): os.path.getsize(os.path.join(d, f))
+            for d, _, files in os.walk(directory) for f in files}
   import fsspec  # pylint: disable=g-import-not-at-top
   fs, root = fsspec.core.url_to_fs(directory)
-  return sorted(p[len(root.rstrip("/")) + 1:] for p in fs.find(root))
+  return {p[len(root.rstrip("/")) + 1:]: int(info["size"]) for p, info in fs.find(root, detail=True).items()}
+
+
+def _files(directory) -> list[str]:
+  """The files under `directory`, as paths relative to it."""
+  return sorted(file_sizes(directory))
 
 
 def copy_tree(src, dst, last: str | None = None):
@@ -261,12 +267,13 @@ class LocalCopy:
         if entry != key:
           shutil.rmtree(old) if os.path.isdir(old) else os.unlink(old)
 
-  def names(self) -> list[str]:
-    """The remote directory's files, relative to it."""
-    return _files(self.remote)
+  def sizes(self) -> dict[str, int]:
+    """The remote directory's files, relative to it, and their sizes."""
+    return file_sizes(self.remote)
 
-  def fetch(self, name: str) -> str:
-    """The local path of file `name` (relative), fetched first unless it is here."""
+  def fetch(self, name: str, check: Callable[[str], None] | None = None) -> str:
+    """The local path of file `name` (relative), fetched first unless it is here; `check(fetched path)` raises
+    before a bad fetch is put in place."""
     local = os.path.join(self.path, name)
     if not os.path.exists(local):
       os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -274,6 +281,8 @@ class LocalCopy:
       tmp = temp_path(local)
       try:
         copy_file(epath.Path(self.remote) / name, tmp)
+        if check:
+          check(tmp)
         os.replace(tmp, local)
       finally:
         if os.path.exists(tmp):

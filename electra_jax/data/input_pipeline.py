@@ -9,7 +9,9 @@ reads. (A tf.data
 iterator checkpoint stores its shuffle buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
 import concurrent.futures
+import contextlib
 import functools
+import json
 import math
 import os
 import threading
@@ -20,9 +22,11 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 from array_record.python import array_record_module
+from etils import epath
 from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import storage
+from electra_jax.data import integrity
 
 FEATURES = ("input_ids", "segment_ids")
 
@@ -34,12 +38,15 @@ class Reader:
   ~2x more.) A shard is opened when first read; of a gs:// dataset it is fetched then, into a local copy
   (ArrayRecord's reader takes local paths only), so a host fetches only the shards it reads."""
 
-  def __init__(self, dataset_dir: str, split: str = "train"):
+  def __init__(self, dataset_dir: str, split: str = "train", fail_fast: bool = True):
+    """fail_fast: raise integrity.Damaged for the first shard whose size is not the recorded one; else list them in
+    `size_problems` (electra-check-data reports every problem)."""
     self.dataset_dir, self.remote = dataset_dir, storage.is_remote(dataset_dir)
     self._copy = storage.LocalCopy(dataset_dir, "metadata.json", "dataset_info.json") if self.remote else None
+    sizes = self._copy.sizes() if self._copy else None
     if self._copy:  # the dataset's description (dataset_info.json, features.json, metadata.json), not its shards
-      for name in self._copy.names():
-        if ".array_record-" not in name:
+      for name in sizes:
+        if integrity.SHARD not in name:
           self._copy.fetch(name)
     builder = tfds.builder_from_directory(self._copy.path if self._copy else dataset_dir)
     info = builder.info.splits[split]
@@ -48,24 +55,76 @@ class Reader:
     self.num_examples = info.num_examples
     self.shard_lengths = list(info.shard_lengths)
     self._dir, self._files = builder.data_dir, list(info.filenames)
+    # What electra-prepare wrote (metadata.json): a shard of another size is refused before the first step.
+    self.expected = json.loads((epath.Path(builder.data_dir) / "metadata.json").read_text()).get("files", {})
+    self.size_problems = {}
+    for s, name in enumerate(self._files):
+      size = sizes.get(name) if self._copy else (os.path.getsize(self.path(name)) if os.path.exists(self.path(name))
+                                                 else None)
+      if problem := integrity.size_problem(self.expected.get(name), size):
+        if fail_fast:
+          raise integrity.damaged(name, dataset_dir, problem)
+        self.size_problems[s] = integrity.damaged(name, dataset_dir, problem)
     self._shards = [None] * len(self._files)
     self._opening = threading.Lock()  # the prefetch threads share the shards
     self._starts = np.cumsum([0, *info.shard_lengths])[:-1]
 
+  def path(self, name: str) -> str:
+    """Where the shard file `name` is read: the dataset's own directory, or this host's copy of a gs:// one."""
+    return os.path.join(self._copy.path if self._copy else self._dir, name)
+
+  def _check_fetched(self, name: str):
+    def check(path):
+      if problem := integrity.crc_problem(self.expected.get(name), path):
+        raise integrity.damaged(name, self.dataset_dir, problem)
+    return check
+
   def _shard(self, s: int) -> array_record_module.ArrayRecordReader:
     with self._opening:
       if self._shards[s] is None:
-        path = self._copy.fetch(self._files[s]) if self._copy else os.path.join(self._dir, self._files[s])
-        self._shards[s] = array_record_module.ArrayRecordReader(path, options="readahead_buffer_size:0",
-                                                                file_reader_buffer_size=32768)
+        name = self._files[s]
+        path = self._copy.fetch(name, self._check_fetched(name)) if self._copy else self.path(name)
+        try:
+          reader = array_record_module.ArrayRecordReader(path, options="readahead_buffer_size:0",
+                                                         file_reader_buffer_size=32768)
+        except (RuntimeError, ValueError, OSError) as e:
+          raise self._damaged(s, e) from e
+        if (count := reader.num_records()) != self.shard_lengths[s]:  # a truncated shard opens with none
+          reader.close()
+          raise self._damaged(s, f"{count} records, where the dataset's description says {self.shard_lengths[s]}")
+        self._shards[s] = reader
       return self._shards[s]
+
+  def _damaged(self, s: int, what) -> integrity.Damaged:
+    """The one-line error for shard `s`; this host's copy of a gs:// shard is deleted, so that a rerun fetches it."""
+    what = " ".join(str(what).split())
+    if not self._copy:
+      return integrity.damaged(self._files[s], self.dataset_dir, what)
+    with contextlib.suppress(OSError):
+      os.unlink(self.path(self._files[s]))
+    return integrity.damaged(self._files[s], self.dataset_dir, what, local_copy=self.path(self._files[s]))
+
+  def verify(self, s: int, batch: int = 4096):
+    """Checks shard `s` whole, raising integrity.Damaged: its size and CRC-32 against metadata.json, its record count
+    against the dataset's description, and every record (ArrayRecord checks each chunk's hash as it reads it)."""
+    if s in self.size_problems:
+      raise self.size_problems[s]
+    if not self._copy and (problem := integrity.crc_problem(self.expected.get(self._files[s]),
+                                                            self.path(self._files[s]))):
+      raise integrity.damaged(self._files[s], self.dataset_dir, problem)
+    for start in range(self._starts[s], self._starts[s] + self.shard_lengths[s], batch):
+      self.read(np.arange(start, min(start + batch, self._starts[s] + self.shard_lengths[s])))
 
   def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     shards = np.searchsorted(self._starts, indices, side="right") - 1
     records = [b""] * len(indices)
     for s in np.unique(shards):
       where = np.flatnonzero(shards == s)
-      for i, record in zip(where, self._shard(s).read((indices[where] - self._starts[s]).tolist())):
+      try:  # ArrayRecord checks each chunk's hash as it reads it
+        read = self._shard(s).read((indices[where] - self._starts[s]).tolist())
+      except RuntimeError as e:
+        raise self._damaged(s, e) from e
+      for i, record in zip(where, read):
         records[i] = record
     return self.parse(records)
 
@@ -115,6 +174,11 @@ class TrainIterator:
     self._permutation = functools.lru_cache(maxsize=2 * len(self._lanes))(self._permutation)  # two epochs a batch
     self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and the parse release the GIL
     self._pending = [self._pool.submit(self._batch, self._step + i) for i in range(prefetch)]
+    try:  # the first batch read now: a damaged shard in it is refused before the run writes anything
+      self._pending[0].result()
+    except Exception:
+      self.close()
+      raise
 
   def _permutation(self, epoch: int, lane: int) -> np.ndarray:
     """The lane's epoch: a permutation of its examples, cut to the common length (so each epoch leaves out others)."""

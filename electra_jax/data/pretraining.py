@@ -21,6 +21,7 @@ from tensorflow_datasets.core.utils import shard_utils
 
 from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import integrity
 from electra_jax.data import packing
 from electra_jax.data import prepared
 
@@ -123,6 +124,12 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     config = download_config or tfds.download.DownloadConfig()
     super().download_and_prepare(
         download_config=_Download(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}), **kwargs)
+
+  def _download_and_prepare(self, dl_manager, download_config=None):
+    super()._download_and_prepare(dl_manager, download_config)
+    # The finished shards' sizes and CRC-32s, into metadata.json (written next, in the same temporary directory):
+    # readers and electra-check-data find a copy that differs from what was written here.
+    self.info.metadata.update(files=integrity.record(os.fspath(self.data_dir)))
 
   def _info(self) -> tfds.core.DatasetInfo:
     seq = (self.builder_config.seq_len,)

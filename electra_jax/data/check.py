@@ -1,0 +1,71 @@
+"""A data_dir checked end to end, as electra-check-data does before an accelerator is booked: every dataset prepared
+there, each shard whole (size and CRC-32 against metadata.json, every record read, so every chunk hash checked),
+the record counts against the dataset's description and electra-prepare's statistics, and the tokenizer against the
+one the data was tokenized with. Every problem is one line; nothing is written (a gs:// dataset's shards are fetched
+into this host's local copy, as training would)."""
+import dataclasses
+import os
+
+import ml_collections
+from etils import epath
+
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import input_pipeline, integrity, prepared
+
+SPLITS = ("train", "validation")
+
+
+@dataclasses.dataclass
+class Report:
+  problems: list[str] = dataclasses.field(default_factory=list)  # one line each
+  checked: list[str] = dataclasses.field(default_factory=list)  # one line per dataset found well
+
+
+def check(data_dir: str) -> Report:
+  report = Report()
+  names = prepared.variants(data_dir)
+  if not names:
+    report.problems.append(f"no prepared data at {epath.Path(data_dir) / prepared.NAME}: run electra-prepare with "
+                           f"--config.data.data_dir={data_dir} first (or copy its data_dir whole)")
+  for name in names:
+    dataset = os.fspath(epath.Path(data_dir) / prepared.NAME / name / prepared.VERSION)
+    before = len(report.problems)
+    meta = prepared.metadata(dataset)
+    report.problems += _tokenizer_problems(data_dir, dataset, meta)
+    shards = examples = 0
+    for split in SPLITS:
+      reader = input_pipeline.Reader(dataset, split, fail_fast=False)
+      for s in range(len(reader.shard_lengths)):
+        try:
+          reader.verify(s)
+        except integrity.Damaged as e:
+          report.problems.append(str(e))
+      recorded = meta.get("stats", {}).get(split, {}).get("examples")
+      if recorded is not None and recorded != reader.num_examples:
+        report.problems.append(f"the {split} split of the prepared dataset {dataset} has {reader.num_examples} "
+                               f"examples, but electra-prepare counted {recorded}: run electra-prepare again")
+      shards, examples = shards + len(reader.shard_lengths), examples + reader.num_examples
+    if len(report.problems) == before:
+      report.checked.append(f"{dataset}: {shards} shards, {examples} examples, every record read; tokenizer as "
+                            "recorded")
+  return report
+
+
+def _tokenizer_problems(data_dir: str, dataset: str, meta: dict) -> list[str]:
+  """The tokenizer the commands would pair with `dataset` (as prepared.resolve finds it) against the SHA-256 that
+  electra-prepare recorded."""
+  settings = meta.get("settings")
+  if settings is None:
+    return []  # prepared before datasets recorded their settings: the run names its tokenizer
+  config = ml_collections.ConfigDict({"data": dict(settings, data_dir=data_dir)})
+  path = prepared.tokenizer_path(config)
+  if not epath.Path(path).exists():
+    return [f"tokenizer {path}, which the data at {dataset} was prepared with, is missing: copy the data_dir whole"]
+  try:
+    tokenizer_lib.Tokenizer(path).check_vocab_size(settings["vocab_size"])
+  except ValueError as e:
+    return [str(e)]
+  if prepared.fingerprint(path) != meta.get("identity", {}).get("tokenizer_sha256"):
+    return [f"tokenizer {path} is not the one the data at {dataset} was prepared with (its SHA-256 differs from the "
+            "one recorded in metadata.json): copy it again, or run electra-prepare again"]
+  return []

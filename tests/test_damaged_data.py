@@ -1,0 +1,81 @@
+"""Prepared data damaged after electra-prepare finished (a copy cut short, a disk error, bytes overwritten): reading
+it ends in one line naming the shard, the dataset and the remedy, and the workdir is left as it was; electra-check-data
+finds every such shard, and passes a good data_dir."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from electra_jax.data import check, input_pipeline, integrity
+from tests import helpers, pretrain_cli
+
+
+def _copy(tiny_data, tmp_path):
+  """A copy of the tiny data_dir, and its (one) train shard's path."""
+  data_dir = tmp_path / "data"
+  shutil.copytree(tiny_data[0].data.data_dir, data_dir)
+  dataset = data_dir / os.path.relpath(tiny_data[1].dataset_dir, tiny_data[0].data.data_dir)
+  (shard,) = dataset.glob("*-train.array_record-*")
+  return data_dir, shard
+
+
+def _truncate(shard):
+  data = shard.read_bytes()
+  shard.write_bytes(data[:len(data) // 2])
+
+
+def _overwrite(shard):
+  """64 bytes inverted every 16 KiB: the size stays, the bytes of every chunk differ."""
+  data = bytearray(shard.read_bytes())
+  for start in range(4096, len(data) - 64, 16384):
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+  shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _overwrite])
+def test_a_damaged_shard_is_named_by_the_reader_and_the_check(tiny_data, tmp_path, damage):
+  data_dir, shard = _copy(tiny_data, tmp_path)
+  dataset = str(shard.parent)
+  assert check.check(str(data_dir)).problems == []
+  damage(shard)
+  with pytest.raises(integrity.Damaged, match=f"shard {shard.name} of the prepared dataset {dataset} is damaged"):
+    reader = input_pipeline.Reader(dataset)  # a truncated shard: its size, before any read
+    reader.read(list(range(reader.num_examples)))  # an overwritten one: ArrayRecord's chunk hashes
+  problems = check.check(str(data_dir)).problems
+  print(problems)
+  assert len(problems) == 1 and shard.name in problems[0] and "copy the dataset again" in problems[0]
+
+
+def test_check_command_passes_good_data_and_names_each_problem(tiny_data, tmp_path):
+  data_dir, shard = _copy(tiny_data, tmp_path)
+  command = [sys.executable, "-m", "electra_jax.check_data", f"--data_dir={data_dir}"]
+  good = subprocess.run(command, cwd=pretrain_cli.ROOT, capture_output=True, text=True, check=False)
+  assert good.returncode == 0 and good.stdout.strip().endswith(f"{data_dir}: all well"), good.stderr[-3000:]
+  _truncate(shard)
+  (validation,) = shard.parent.glob("*-validation.array_record-*")
+  _overwrite(validation)
+  tokenizer = next((data_dir / "tokenizer").glob("*.model"))
+  tokenizer.write_bytes(tokenizer.read_bytes()[:1000])
+  bad = subprocess.run(command, cwd=pretrain_cli.ROOT, capture_output=True, text=True, check=False)
+  errors = [l for l in bad.stderr.splitlines() if l.startswith("electra-check-data: error: ")]
+  print("\n".join(errors))
+  assert bad.returncode == 1 and len(errors) == 3 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+  assert [shard.name in errors[1], validation.name in errors[2], str(tokenizer) in errors[0]] == [True] * 3, errors
+
+
+@pytest.mark.slow
+def test_pretraining_on_a_damaged_shard_ends_in_one_line_and_writes_nothing(tiny_data, tmp_path):
+  data_dir, shard = _copy(tiny_data, tmp_path)
+  config = tiny_data[0].copy_and_resolve_references()
+  config.data.data_dir = str(data_dir)
+  original = shard.read_bytes()
+  for damage in (_truncate, _overwrite):  # found by its size; by the chunk hashes of the first batch it reads
+    shard.write_bytes(original)
+    damage(shard)
+    workdir = tmp_path / damage.__name__
+    result = pretrain_cli.run(pretrain_cli.env(), config, workdir, "--config.train.num_steps=2")
+    print(result.stderr.strip().splitlines()[-1])
+    helpers.assert_one_line_error(result, f"shard {shard.name} of the prepared dataset {shard.parent} is damaged")
+    assert not workdir.exists()
