@@ -7,7 +7,8 @@ rng's key data), `config` and `checksums` (the CRC-32 of every state array's glo
 atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete (on gs://, where a directory cannot
 be renamed, it writes <step>/ and then <step>/commit_success.txt, without which a step does not count), so a kill at
 any moment leaves the earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its
-own. Every path may be local or gs:// (storage.py).
+own. Every path may be local or gs:// (storage.py); on gs://, a save that fails while the store stumbles is saved
+again (Checkpointer._retry).
 Restoring places every array with the current mesh's shardings, so a run resumes on another device count, and checks
 the checksums: a corrupt or unreadable checkpoint is passed over for the newest intact one, never deleted.
 
@@ -29,7 +30,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from electra_jax import sharding, storage
+from electra_jax import outage, sharding, storage
 from electra_jax.data import prepared
 
 # Each host writes whole arrays: Orbax's default (replica-parallel) slices every replicated array into one piece per
@@ -38,6 +39,7 @@ from electra_jax.data import prepared
 ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
                                         override=True)
 
+RETRIES = 3  # failed saves on gs:// saved again in a row (Checkpointer._retry)
 TOKENIZER_KEY = "tokenizer_sha256"  # the checkpointer's own key in the `data` item; the loop's payload has the rest
 
 
@@ -83,6 +85,8 @@ class Checkpointer:
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
     self._state_bytes = 0  # the size of the state being saved
+    self._pending = None  # (step, its save's args, its state) of the newest save: what a failed last save retries
+    self._retries = 0  # failed saves retried in a row
     self._tokenizer = prepared.fingerprint(tokenizer_path) if tokenizer_path else None
     if read_only:  # every option Orbax would otherwise turn off with a warning each
       options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
@@ -95,9 +99,13 @@ class Checkpointer:
           save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
               ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
               ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]))
+    self._options = options
+    self._manager = self._open()
+
+  def _open(self) -> ocp.CheckpointManager:
     with _without_read_only_notice():
-      self._manager = ocp.CheckpointManager(
-          self.directory, options=options,
+      return ocp.CheckpointManager(
+          self.directory, options=self._options,
           # PyTree's handler (Standard's is a strict wrapper of it) restores a part of the state: init_from's params.
           item_handlers=dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
                              rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
@@ -128,16 +136,42 @@ class Checkpointer:
     data = dict(extra or {}, **{TOKENIZER_KEY: self._tokenizer})
     self._state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))  # what a full disk's line says it needs
     rng_data = None if rng is None else np.asarray(jax.random.key_data(rng)).tolist()
+    args = ocp.args.Composite(
+        state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
+        config=ocp.args.JsonSave(json.loads(self.config.to_json())), checksums=ocp.args.JsonSave(checksums(state)))
     try:
-      saved = self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data), rng=ocp.args.JsonSave(rng_data),
-          config=ocp.args.JsonSave(json.loads(self.config.to_json())),
-          checksums=ocp.args.JsonSave(checksums(state))), force=force)
+      try:
+        saved = self._manager.save(step, args=args, force=force)  # raises a failure of the save before, if any
+        self._retries = 0  # that save completed
+      except Exception as e:  # pylint: disable=broad-except
+        if not self._retry(e):
+          raise
+        saved = self._manager.save(step, args=args, force=force)
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_failed(e) from e
     if saved:
-      self.last_saved = step
+      self.last_saved, self._pending = step, (step, args, state)
     return saved
+
+  def _retry(self, e: Exception) -> bool:
+    """Whether to save again after the failed save `e`, and if so readies it: on gs://, where a save fails when the
+    store stumbles for a moment (an outage shorter than outage.py's bound, a lost upload session), a single-process
+    run waits for the store to answer, opens a new manager (which deletes what the failed save left: on gs://, a
+    <step>/ without its commit_success.txt, never read as a checkpoint) and saves again, RETRIES times in a row at
+    most. A store that stays silent ends the run in outage.py's line meanwhile; several processes would have to
+    agree on a retry, so there a failed save ends the run as before."""
+    if not storage.is_remote(self.directory) or jax.process_count() > 1 or self._retries >= RETRIES:
+      return False
+    self._retries += 1
+    logging.warning("saving a checkpoint under %s failed (%s): saving again once the store answers (retry %d of %d)",
+                    self.directory, _first_line(e), self._retries, RETRIES)
+    deadline = time.monotonic() + outage.timeout_s()
+    while not outage.answering(timeout=5) and time.monotonic() < deadline:
+      time.sleep(1)
+    with contextlib.suppress(Exception):  # the failed save's error, raised again
+      self._manager.close()
+    self._manager = self._open()
+    return True
 
   def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
     """The checkpoint at `step`, its arrays placed with the shardings of `abstract_state` (the current mesh) and
@@ -229,13 +263,26 @@ class Checkpointer:
     reported = self._failure is not None
     try:
       try:
-        self._manager.wait_until_finished()
+        self._wait()
       finally:
         self._manager.close()
     except Exception as e:  # pylint: disable=broad-except
       error = self._save_failed(e)
       if not reported:
         raise error from e
+
+  def _wait(self):
+    """Waits for the pending save. The loop's last save is of its last step, so that state is still at hand (no step
+    has donated its buffers since): when that save failed while the store stumbled, it is saved again (`_retry`)."""
+    try:
+      self._manager.wait_until_finished()
+      self._retries = 0
+    except Exception as e:  # pylint: disable=broad-except
+      if self._pending is None or _donated(self._pending[2]) or not self._retry(e):
+        raise
+      step, args, _ = self._pending
+      self._manager.save(step, args=args, force=True)
+      self._wait()
 
   def _save_failed(self, e: Exception) -> OSError:
     """The one-line error of a failed save, once its temporary directories are gone: nothing half-written remains,
@@ -270,6 +317,10 @@ def as_saved(tree_metadata):
   mesh a run was trained on may not fit this host)."""
   replicated = sharding.replicated(sharding.create_mesh(-1, 1))
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated), tree_metadata)
+
+
+def _donated(state) -> bool:
+  return any(x.is_deleted() for x in jax.tree.leaves(state) if isinstance(x, jax.Array))
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):

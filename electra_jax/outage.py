@@ -5,8 +5,9 @@ The bound is $ELECTRA_JAX_STORAGE_TIMEOUT_S (default TIMEOUT_S). A thread asks t
 seconds, any HTTP answer below 500 counting; once none has come for the bound, it prints the line and ends the process,
 whatever thread waits on the store (a save's background commit, a metrics upload, a restore, a collective whose peer
 waits on it). gcsfs's own retries (files, checkpoint metadata, metrics.jsonl) are lengthened to outlast the bound, so a
-shorter outage is ridden out rather than ending in gcsfs's error; TensorStore (Orbax's arrays) retries for about 15
-minutes and google-cloud-storage (the workdir lock, TensorBoard) for 2 by default.
+shorter outage is ridden out rather than ending in gcsfs's error (an upload whose session a restarted store lost is
+started again, and a checkpoint save that failed all the same is saved again: checkpoints.py); TensorStore (Orbax's
+arrays) retries for about 15 minutes and google-cloud-storage (the workdir lock, TensorBoard) for 2 by default.
 
 What was complete before stays: Orbax counts a gs:// checkpoint only once its commit_success.txt is written, last,
 so a save cut off midway is never restored (the rerun saves that step again); a staged upload (storage.staged_dir)
@@ -16,6 +17,8 @@ import sys
 import threading
 import time
 import urllib.parse
+
+from absl import logging
 
 TIMEOUT_ENV = "ELECTRA_JAX_STORAGE_TIMEOUT_S"
 TIMEOUT_S = 120.0  # google-cloud-storage's own default deadline: the lock and TensorBoard uploads last as long
@@ -62,15 +65,39 @@ def lengthen_gcsfs_retries(seconds: float):
     setattr(fs, name, retry.retry_request(retries=retries)(getattr(method, "__wrapped__", method)))
 
 
+def restart_lost_uploads():
+  """Makes gcsfs start an upload again when the store no longer knows its session (a 404 on the session's URL: a
+  store that was restarted, or a session that expired during an outage) and none of its bytes was accepted yet, so
+  that all of them are still at hand: every file under gcsfs's block size (5 MiB), as are Orbax's checkpoint metadata
+  and metrics.jsonl. Without this the upload, hence a save, fails with FileNotFoundError."""
+  from gcsfs.core import GCSFile  # pylint: disable=g-import-not-at-top
+  upload_chunk = getattr(GCSFile._upload_chunk, "__wrapped__", GCSFile._upload_chunk)  # pylint: disable=protected-access
+
+  def restarting(self, final=False):
+    try:
+      return upload_chunk(self, final)
+    except FileNotFoundError:
+      if self.offset != 0:
+        raise
+      logging.warning("Cloud Storage no longer knows the upload session of %s: uploading it again", self.path)
+      self._initiate_upload()  # pylint: disable=protected-access
+      return upload_chunk(self, final)
+
+  restarting.__wrapped__ = upload_chunk
+  GCSFile._upload_chunk = restarting  # pylint: disable=protected-access
+
+
 def _period(seconds: float) -> float:
   return min(5.0, seconds / 4)
 
 
 def watch(command: str):
   """From now on, ends this process with one line and exit status 1 once the store has not answered for
-  timeout_s(); lengthens gcsfs's retries to match. For commands that use gs:// paths."""
+  timeout_s(); lengthens gcsfs's retries to match, and has it start an upload again whose session the store lost.
+  For commands that use gs:// paths."""
   seconds = timeout_s()
   lengthen_gcsfs_retries(seconds)
+  restart_lost_uploads()
   threading.Thread(target=_watch, args=(command, seconds), name="storage-watch", daemon=True).start()
 
 

@@ -1,7 +1,9 @@
 """Cloud Storage stops answering in the middle of a checkpoint save (a fake-gcs-server killed): electra-pretrain ends
 within the bound ($ELECTRA_JAX_STORAGE_TIMEOUT_S) in one line, exit 1, no retry tracebacks; with the server back
 (the same objects), the same command resumes from the newest complete checkpoint, never from the half-written one.
-A store that stops answering without closing its port (the server paused) under electra-export ends it the same way."""
+A store that stops answering without closing its port (the server paused) under electra-export ends it the same way.
+A store gone for a few seconds during a save is ridden out: the run saves after it, every checkpoint complete; a save
+that failed meanwhile is saved again, and an upload whose session the restarted store lost is started again."""
 import re
 import subprocess
 import sys
@@ -82,5 +84,96 @@ def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, t
                           f"--output={tmp_path / 'export'}"], cwd=pretrain_cli.ROOT, capture_output=True, text=True,
                          env=dict(env, ELECTRA_JAX_STORAGE_TIMEOUT_S="soon"), timeout=120, check=False)
     helpers.assert_one_line_error(bad, "ELECTRA_JAX_STORAGE_TIMEOUT_S='soon' must be a number of seconds above 0")
+  finally:
+    store.kill()
+
+
+def test_store_lost_for_seconds_mid_save_is_ridden_out(tiny_data, tmp_path):
+  """The store gone for a few seconds while a checkpoint is written (far below the bound): the run goes on, saves
+  again after it, and ends with every checkpoint it left complete, the last at the final step."""
+  config = tiny_data[0]
+  store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
+  try:
+    env = pretrain_cli.env(STORAGE_EMULATOR_HOST=store.host, ELECTRA_JAX_STORAGE_TIMEOUT_S="60")
+    workdir = f"gs://{BUCKET}/run"
+    log = tmp_path / "run.log"
+    with open(log, "w", encoding="utf-8") as f:
+      proc = subprocess.Popen(["timeout", "-k", "10", "300", *_cmd(config, workdir)], cwd=pretrain_cli.ROOT, env=env,
+                              stdout=f, stderr=f)
+    deadline = time.time() + 300
+    while not store.names("run/checkpoints/8/"):  # the second save has begun
+      assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(0.02)
+    store.kill()
+    time.sleep(4)
+    store.start()
+    code = proc.wait(timeout=300)
+    out = log.read_text()
+    names = store.names("run/checkpoints/")
+    complete = sorted({int(p[2]) for p in (n.split("/") for n in names) if p[3:] == ["commit_success.txt"]})
+    print(f"store gone for 4 s during save 8: exit {code}; complete checkpoints {complete}")
+    print("\n".join(l for l in out.splitlines() if l[:1] in "WE" or "again" in l)[-3000:])
+    assert code == 0, out[-5000:]
+    assert complete[0] == 4 and complete[-1] == 12, complete
+    steps = {p[2] for p in (n.split("/") for n in names) if len(p) > 3}
+    assert steps == set(map(str, complete)), names  # a save cut off is not left half-written
+  finally:
+    store.kill()
+
+
+@pytest.mark.parametrize("where", ["the next save", "the final wait"])
+def test_a_failed_save_on_gcs_is_saved_again(tmp_path, monkeypatch, where):
+  """A save that fails on gs:// (a store that stumbled) is saved again, whether its failure surfaces at the next save
+  or at the final wait; a failure that persists ends in the failed save's line after checkpoints.RETRIES retries.
+  (Local paths stand in for gs:// here: the failures are injected.)"""
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from electra_jax import checkpoints, outage, storage  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(storage, "is_remote", lambda path: True)
+  monkeypatch.setattr(outage, "answering", lambda timeout: True)
+  method = "save" if where == "the next save" else "wait_until_finished"
+  failures = {"left": 1}
+  real = getattr(ocp.CheckpointManager, method)
+
+  def stumbling(self, *args, **kwargs):
+    if failures["left"] and (method == "wait_until_finished" or self.latest_step() is not None):
+      failures["left"] -= 1
+      raise FileNotFoundError("http://127.0.0.1:1/upload/storage/v1/b/b/o?uploadType=resumable&upload_id=gone")
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, method, stumbling)
+  state = {"w": jnp.arange(8.0)}
+  ckpt = checkpoints.Checkpointer(str(tmp_path), tiny.get_config())
+  assert ckpt.save(4, state, force=True) and ckpt.save(8, {"w": state["w"] + 1}, force=True)
+  ckpt.close()
+  assert failures["left"] == 0 and checkpoints.latest_step(str(tmp_path)) == 8
+  assert checkpoints.read_state(str(tmp_path), tiny.get_config())["w"].tolist() == list(range(1, 9))
+
+  failures["left"] = checkpoints.RETRIES + 1
+  ckpt = checkpoints.Checkpointer(str(tmp_path), tiny.get_config())
+  with pytest.raises(OSError, match="saving a checkpoint under .* failed"):
+    ckpt.save(12, state, force=True)
+    ckpt.save(16, state, force=True)
+    ckpt.close()
+
+
+def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path):
+  """gcsfs begins every upload with a resumable session; a store restarted between the session's start and its data
+  no longer knows it (404: FileNotFoundError). outage.restart_lost_uploads has gcsfs start it again."""
+  from gcsfs.core import GCSFileSystem  # pylint: disable=g-import-not-at-top  (not the zonal-bucket probing one)
+  from electra_jax import outage  # pylint: disable=g-import-not-at-top
+  store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
+  try:
+    outage.restart_lost_uploads()
+    fs = GCSFileSystem(endpoint_url=f"http://{store.host}", token="anon")
+    f = fs.open(f"{BUCKET}/metrics.jsonl", "wb")
+    f.write(b"x" * 1000)
+    f.offset = 0
+    f._initiate_upload()  # pylint: disable=protected-access  (as fsspec's flush does first, when the file closes)
+    store.kill()
+    store.start()
+    f.close()
+    assert fs.cat(f"{BUCKET}/metrics.jsonl") == b"x" * 1000
   finally:
     store.kill()
