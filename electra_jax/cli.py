@@ -4,8 +4,10 @@ Bad input ends a command with one line "<command>: error: ..." on stderr and exi
 flag that does not exist or has a bad value, a config key that does not exist or has the wrong type at any depth, a
 config file that does not load, extra arguments, a missing optional package (naming the extra that installs it), and
 the ValueError, OSError or FloatingPointError the library raises for bad data, workdirs and checkpoints. `-v=1` also
-logs the traceback. Anything else is a bug, and keeps its
-traceback.
+logs the traceback. Anything else is a bug, and keeps its traceback.
+
+What a command prints is the project's (console.py): without a TPU, libtpu is not started; at the default verbosity
+the libraries' INFO lines and chatter are left out, and `-v=1` (`--verbosity=1`) brings every line back.
 
 --help (or -h, --helpshort) prints the command's docstring (what it does, with example commands), its own flags
 with their defaults and the role of the config file; --helpfull adds every library flag (absl, JAX, TensorFlow).
@@ -17,7 +19,7 @@ from typing import Callable, Sequence
 from absl import app, flags, logging
 import ml_collections
 
-from electra_jax import outage, packages, storage
+from electra_jax import console, outage, packages, storage
 
 USER_ERRORS = (ValueError, OSError, FloatingPointError, packages.MissingPackage)
 HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")
@@ -27,17 +29,6 @@ CONFIG_HELP = """\
 The config file (--config=configs/NAME.py) is Python whose get_config() returns every setting of the run. Override
 any key, at any depth, after it: --config.SECTION.KEY=VALUE (e.g. --config.train.batch_size=32). A key that does not
 exist, or a value of the wrong type, is refused in one line."""
-
-
-class _QuietOrbax(logging.logging.Filter):
-  """Orbax narrates every save at INFO; keep its warnings and errors, and our own INFO lines."""
-
-  def filter(self, record):
-    return record.levelno >= logging.logging.WARNING or "/orbax/" not in record.pathname
-
-
-def quiet_orbax():
-  logging.get_absl_handler().addFilter(_QuietOrbax())
 
 
 def fail(command: str, message) -> None:
@@ -68,7 +59,8 @@ def usage(doc: str, own: Sequence[flags.FlagHolder], required: Sequence[str]) ->
   lines += [_flag_help(flags.FLAGS[h.name], h.name in required) for h in own]
   if any(h.name == "config" for h in own):
     lines += ["", CONFIG_HELP]
-  lines += ["", "-v=1 logs the traceback of an error; --helpfull lists the library flags too."]
+  lines += ["", "-v=1 also logs every library's lines and the traceback of an error; --helpfull lists the library "
+            "flags too."]
   return "\n".join(lines)
 
 
@@ -119,7 +111,7 @@ def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags
     return argv
 
   def run_main(_):
-    quiet_orbax()
+    console.start()
     try:
       _require(command, own, needs)
       main(**{holder.name: holder.value for holder in own})

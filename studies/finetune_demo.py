@@ -178,8 +178,8 @@ def pretraining_section(workdir: str, figure: pathlib.Path) -> list[str]:
 
 
 def main(argv):
-  from electra_jax import cli, sharding  # pylint: disable=g-import-not-at-top
-  cli.quiet_orbax()
+  from electra_jax import console, sharding  # pylint: disable=g-import-not-at-top
+  console.start()
   sharding.initialize_runtime()  # the compilation cache: every run after a task's first loads its steps
   del argv
   from electra_jax import weights  # pylint: disable=g-import-not-at-top

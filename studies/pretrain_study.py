@@ -105,8 +105,8 @@ def report(study, results: dict, figure: pathlib.Path) -> str:
 
 
 def main(argv):
-  from electra_jax import cli  # pylint: disable=g-import-not-at-top
-  cli.quiet_orbax()
+  from electra_jax import console  # pylint: disable=g-import-not-at-top
+  console.start()
   del argv
   study = _CONFIG.value
   from electra_jax import sharding  # pylint: disable=g-import-not-at-top

@@ -46,8 +46,8 @@ _PLAN_ONLY = flags.DEFINE_bool("plan_only", False, "Print each objective's steps
 
 
 def main(argv):
-  from electra_jax import cli  # pylint: disable=g-import-not-at-top
-  cli.quiet_orbax()
+  from electra_jax import console  # pylint: disable=g-import-not-at-top
+  console.start()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:

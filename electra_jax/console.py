@@ -1,0 +1,121 @@
+"""What a command shows its user, set up before its work starts (console.start): no TPU start-up where there is no
+TPU, the project's lines rather than its libraries' chatter, and log lines that never break a progress bar's line.
+
+At the default verbosity a command logs what it does and decides (its own INFO lines and up) and every library's
+warnings and errors but those in CHATTER; libraries' INFO lines are left out. Any --verbosity given (--verbosity=1, or
+-v=1, shows everything) logs every line as absl does.
+"""
+import glob
+import importlib.util
+import logging as std_logging
+import os
+import sys
+
+from absl import flags, logging
+
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+# The project's code beside the package, run from a checkout (studies/finetune_demo.py is a step of `make demo`).
+OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d) for d in ("studies", "benchmarks", "launch", "tests")))
+# Library warnings that every run logs and that ask nothing of the user (message prefixes): Orbax registering its own
+# handler for jax.Array once a process; TFDS naming the builder config of each dataset electra-prepare writes.
+CHATTER = ("Type handler registry", "Using custom data configuration")
+# What a GPU's driver creates (the files JAX itself checks for NVIDIA's, WSL's /dev/dxg included; AMD's /dev/kfd).
+GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def _read(path: str) -> str:
+  try:
+    with open(path, encoding="ascii") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def accelerator_attached() -> bool:
+  """Whether this host has a TPU chip or a GPU, from what their drivers create: a TPU VM's /dev/accel* (v2-v4) or
+  VFIO groups (v5e and later), a Google PCI device that is neither a network nor a disk controller (Cloud TPUs are
+  Google PCI devices; gVNIC and Persistent Disk are its others), or a GPU's device files."""
+  vfio_groups = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p) != "vfio"]
+  google_pci_classes = [_read(os.path.join(os.path.dirname(v), "class"))
+                        for v in glob.glob("/sys/bus/pci/devices/*/vendor") if _read(v) == GOOGLE_PCI_VENDOR]
+  return bool(glob.glob("/dev/accel*") or vfio_groups or any(os.path.exists(p) for p in GPU_DEVICE_FILES) or
+              any(not c.startswith(("0x01", "0x02")) for c in google_pci_classes))
+
+
+def choose_platforms():
+  """JAX_PLATFORMS=cpu where libtpu is installed (the tpu extra, for electra-compile) and neither a TPU nor a GPU is
+  attached: JAX would otherwise start libtpu, which prints its failed start ("Failed to find host bounds",
+  "TPU_WORKER_HOSTNAMES", "No jellyfish device found") before a command's first line. electra-compile needs no TPU
+  backend: libtpu describes TPU slices under JAX_PLATFORMS=cpu. On a TPU VM or a GPU host JAX chooses as it always
+  does, and a JAX_PLATFORMS of the user's (empty: JAX chooses) always wins. Call before anything starts JAX."""
+  if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None or accelerator_attached():
+    return
+  os.environ["JAX_PLATFORMS"] = "cpu"  # read when jax is imported; the programs this one starts inherit it
+  jax = sys.modules.get("jax")
+  if jax is not None and not jax.config.jax_platforms:  # imported already: it read the environment then
+    jax.config.update("jax_platforms", "cpu")
+
+
+def _own(path: str) -> bool:
+  return os.path.abspath(path).startswith(tuple(d + os.sep for d in OWN_DIRS))
+
+
+class _ProjectVoice(std_logging.Filter):
+  """The project's lines, and the libraries' warnings and errors but CHATTER."""
+
+  def filter(self, record):
+    if _own(record.pathname):
+      return True
+    return record.levelno >= std_logging.WARNING and not str(record.msg).startswith(CHATTER)
+
+
+_VOICE = _ProjectVoice()
+
+
+def _announce_downloads_only(announce):
+  """TFDS prints "Downloading and preparing dataset Unknown size ..." and "... downloaded and prepared to ..." for
+  every dataset it builds; a builder that downloads nothing (electra-prepare's, whose summary names the dataset) has
+  nothing to announce. A real download (a TFDS task's data) is still announced."""
+  def announce_downloads(builder):
+    if builder.info.download_size:
+      announce(builder)
+  announce_downloads.announces_downloads_only = True
+  return announce_downloads
+
+
+def _quiet_empty_downloads():
+  if importlib.util.find_spec("tensorflow_datasets") is None:
+    return
+  from tensorflow_datasets.core import dataset_builder  # pylint: disable=g-import-not-at-top
+  builder = dataset_builder.DatasetBuilder
+  for name in ("_log_download_bytes", "_log_download_done"):
+    announce = getattr(builder, name, None)
+    if announce is not None and not getattr(announce, "announces_downloads_only", False):
+      setattr(builder, name, _announce_downloads_only(announce))
+
+
+def _between_bars(emit):
+  """absl's emit, with the progress bars cleared first and drawn again after: a log line gets a line of its own."""
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
+  def emit_between_bars(record):
+    with tqdm.external_write_mode(file=sys.stderr):
+      emit(record)
+  emit_between_bars.between_bars = True
+  return emit_between_bars
+
+
+def start():
+  """What a command calls once its flags are parsed, before its work: JAX's platforms (choose_platforms), log lines
+  kept off the progress bars, and, unless --verbosity was given, the libraries' chatter left out."""
+  choose_platforms()
+  handler = logging.get_absl_handler()
+  writer = handler.python_handler  # what ABSLHandler.handle hands a record to, once it passed the filters
+  if not getattr(writer.emit, "between_bars", False):
+    writer.emit = _between_bars(writer.emit)
+  if flags.FLAGS["verbosity"].present:
+    handler.removeFilter(_VOICE)
+  else:
+    handler.addFilter(_VOICE)
+    _quiet_empty_downloads()
