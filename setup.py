@@ -60,7 +60,7 @@ setuptools.setup(
             "electra-finetune=electra_jax.finetune.__main__:run",
             "electra-bench=electra_jax.bench:run",
             "electra-compile=electra_jax.compile:run",
-            "electra-check-data=electra_jax.check_data:run",
+            "electra-check=electra_jax.check:run",
         ],
     },
 )

@@ -1,11 +1,12 @@
 """Prepared data damaged after electra-prepare finished (a copy cut short, a disk error, bytes overwritten): reading
-it ends in one line naming the shard, the dataset and the remedy, and the workdir is left as it was; electra-check-data
+it ends in one line naming the shard, the dataset and the remedy, and the workdir is left as it was; electra-check
 finds every such shard, and passes a good data_dir."""
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from electra_jax.data import check, input_pipeline, integrity
@@ -42,7 +43,7 @@ def test_a_damaged_shard_is_named_by_the_reader_and_the_check(tiny_data, tmp_pat
   damage(shard)
   with pytest.raises(integrity.Damaged, match=f"shard {shard.name} of the prepared dataset {dataset} is damaged"):
     reader = input_pipeline.Reader(dataset)  # a truncated shard: its size, before any read
-    reader.read(list(range(reader.num_examples)))  # an overwritten one: ArrayRecord's chunk hashes
+    reader.read(np.arange(reader.num_examples))  # an overwritten one: ArrayRecord's chunk hashes
   problems = check.check(str(data_dir)).problems
   print(problems)
   assert len(problems) == 1 and shard.name in problems[0] and "copy the dataset again" in problems[0]
@@ -50,7 +51,7 @@ def test_a_damaged_shard_is_named_by_the_reader_and_the_check(tiny_data, tmp_pat
 
 def test_check_command_passes_good_data_and_names_each_problem(tiny_data, tmp_path):
   data_dir, shard = _copy(tiny_data, tmp_path)
-  command = [sys.executable, "-m", "electra_jax.check_data", f"--data_dir={data_dir}"]
+  command = [sys.executable, "-m", "electra_jax.check", f"--data_dir={data_dir}"]
   good = subprocess.run(command, cwd=pretrain_cli.ROOT, capture_output=True, text=True, check=False)
   assert good.returncode == 0 and good.stdout.strip().endswith(f"{data_dir}: all well"), good.stderr[-3000:]
   _truncate(shard)
@@ -59,7 +60,7 @@ def test_check_command_passes_good_data_and_names_each_problem(tiny_data, tmp_pa
   tokenizer = next((data_dir / "tokenizer").glob("*.model"))
   tokenizer.write_bytes(tokenizer.read_bytes()[:1000])
   bad = subprocess.run(command, cwd=pretrain_cli.ROOT, capture_output=True, text=True, check=False)
-  errors = [l for l in bad.stderr.splitlines() if l.startswith("electra-check-data: error: ")]
+  errors = [l for l in bad.stderr.splitlines() if l.startswith("electra-check: error: ")]
   print("\n".join(errors))
   assert bad.returncode == 1 and len(errors) == 3 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
   assert [shard.name in errors[1], validation.name in errors[2], str(tokenizer) in errors[0]] == [True] * 3, errors

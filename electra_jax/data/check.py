@@ -1,4 +1,4 @@
-"""A data_dir checked end to end, as electra-check-data does before an accelerator is booked: every dataset prepared
+"""A data_dir checked end to end, as electra-check does before an accelerator is booked: every dataset prepared
 there, each shard whole (size and CRC-32 against metadata.json, every record read, so every chunk hash checked),
 the record counts against the dataset's description and electra-prepare's statistics, and the tokenizer against the
 one the data was tokenized with. Every problem is one line; nothing is written (a gs:// dataset's shards are fetched

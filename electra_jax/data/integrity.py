@@ -2,7 +2,7 @@
 metadata.json (`record`, at prepare), and the one-line error that names a damaged or truncated shard, its dataset
 and the remedy (`Damaged`). Readers check sizes before the first step (cheap: a stat, or one listing of gs://), the
 CRC-32 of each shard a host fetches from gs:// (the bytes pass through anyway), and ArrayRecord's own chunk hashes at
-every read; electra-check-data checks everything. Datasets prepared before sizes were recorded are read unchecked
+every read; electra-check checks everything. Datasets prepared before sizes were recorded are read unchecked
 but for the chunk hashes."""
 import os
 import zlib
@@ -25,7 +25,7 @@ def damaged(shard: str, dataset: str, what: str, local_copy: str | None = None) 
                    f"({what}): it was deleted; run the same command again to fetch it anew (if it fails again, the "
                    "copy on Cloud Storage is damaged: run electra-prepare again)")
   return Damaged(f"shard {shard} of the prepared dataset {dataset} is damaged ({what}): copy the dataset again from "
-                 "where electra-prepare wrote it, or run electra-prepare again (electra-check-data checks a data_dir "
+                 "where electra-prepare wrote it, or run electra-prepare again (electra-check checks a data_dir "
                  "before a run)")
 
 

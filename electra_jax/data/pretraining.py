@@ -128,7 +128,7 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
   def _download_and_prepare(self, dl_manager, download_config=None):
     super()._download_and_prepare(dl_manager, download_config)
     # The finished shards' sizes and CRC-32s, into metadata.json (written next, in the same temporary directory):
-    # readers and electra-check-data find a copy that differs from what was written here.
+    # readers and electra-check find a copy that differs from what was written here.
     self.info.metadata.update(files=integrity.record(os.fspath(self.data_dir)))
 
   def _info(self) -> tfds.core.DatasetInfo:

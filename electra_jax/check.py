@@ -1,11 +1,11 @@
-"""electra-check-data: check a data_dir end to end before a run (before booking an accelerator, after copying it).
+"""electra-check: check a data_dir end to end before a run (before booking an accelerator, after copying it).
 
-  electra-check-data --data_dir=data/small
-  electra-check-data --data_dir=gs://BUCKET/data      # fetches every shard into this host's local copy
+  electra-check --data_dir=data/small
+  electra-check --data_dir=gs://BUCKET/data      # fetches every shard into this host's local copy
 
 Every dataset electra-prepare wrote there: each shard's size and CRC-32 against its metadata.json, every record read
 (ArrayRecord checks each chunk's hash), the record counts as recorded, and the tokenizer the one the data was
-tokenized with. Prints one line per dataset found well, one "electra-check-data: error: ..." line per problem;
+tokenized with. Prints one line per dataset found well, one "electra-check: error: ..." line per problem;
 exit status 0 only when all is well. Writes nothing. See docs/data.md.
 """
 import sys
@@ -14,7 +14,7 @@ from absl import flags
 
 from electra_jax import cli
 
-COMMAND = "electra-check-data"
+COMMAND = "electra-check"
 
 
 def define_flags():
