@@ -183,6 +183,17 @@ def _break_fused(monkeypatch, broken):
   monkeypatch.setattr(jax.nn, "dot_product_attention", wrong)
 
 
+def test_fused_attention_refuses_attention_dropout():
+  """The fused path has no attention dropout (docs/fidelity.md): a non-zero rate is refused in one line, not dropped."""
+  c = config_lib.base("tiny")
+  c.model.attention_impl = "fused"
+  with pytest.raises(ValueError, match=r"cannot drop attention probabilities .* set model.attention_dropout_rate=0 "
+                     r"\(got 0.1\) or use model.attention_impl=einsum$"):
+    modeling.ModelConfig.from_config(c)
+  c.model.attention_dropout_rate = 0.0
+  assert modeling.ModelConfig.from_config(c).attention_impl == "fused"
+
+
 def test_fused_attention_equals_einsum_in_float32(monkeypatch):
   einsum = _attention_outputs("einsum")
   assert max(_max_diffs(_attention_outputs("fused"), einsum)) < 1e-5
