@@ -8,12 +8,20 @@
 
 The two differ mostly in the first few thousand steps: without bias correction Adam's first steps are larger (m is
 small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
+
+Either runs over one flat vector (train.flat_update, where the mesh does not split the weights): the gradient's global
+norm is one reduction and Adam's moments and update a few kernels over all weights, not a few per weight array (an
+encoder has hundreds); on a GPU, where each kernel costs a launch, that is most of the update's time. The moments
+are then two flat vectors in the checkpoint, a layout of its own (checkpoints.py names the switch when they differ).
 """
+from typing import Callable
+
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.flatten_util import ravel_pytree
 
 OPTIMIZERS = ("adamw", "official")
 
@@ -61,24 +69,54 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
   return optax.GradientTransformation(init, update)
 
 
-def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask):
-  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps."""
+def flattened(recipe: Callable, weight_decay: float, mask) -> optax.GradientTransformation:
+  """recipe(weight_decay, mask) over one flat vector of all parameters, whose updates come back as the parameters'
+  tree. Its weight decay is per element (`weight_decay` where `mask` says an array decays, 0 elsewhere), built in
+  the step from the tree's shapes, so no vector of rates is stored."""
+  def rates(params):
+    params = flax.linen.meta.unbox(params)
+    return weight_decay * ravel_pytree(jax.tree.map(lambda m, p: jnp.full(p.shape, m, p.dtype), mask(params),
+                                                    params))[0]
+
+  def init(params):
+    return recipe(weight_decay, None).init(ravel_pytree(params)[0])  # the decay's state does not depend on its rate
+
+  def update(updates, state, params=None):
+    flat, unravel = ravel_pytree(updates)
+    flat, state = recipe(rates(params), None).update(flat, state, ravel_pytree(params)[0])
+    return unravel(flat), state
+  return optax.GradientTransformation(init, update)
+
+
+def flat_update(train: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> bool:
+  """Whether the update runs flat: train.flat_update, where every device holds the whole weights (mesh.fsdp 1); a
+  flat vector cannot follow the weights' split over fsdp."""
+  return bool(train.get("flat_update", False)) and mesh.shape["fsdp"] == 1  # .get: older config.json lack the key
+
+
+def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask,
+          flat: bool = False):
+  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps; over one flat vector if
+  `flat` (flat_update)."""
   # .get: config.json of workdirs from before the key was added lacks it.
   name = train.get("optimizer", "adamw")
   if name not in OPTIMIZERS:
     raise ValueError(f"train.optimizer={name!r}: expected one of {', '.join(OPTIMIZERS)}")
   if name == "adamw":
     schedule = learning_rate_schedule(train.learning_rate, int(warmup_steps), total_steps)
-    adam = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
-                       weight_decay=train.weight_decay, mask=mask)
+    recipe = lambda decay, mask: optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
+                                             weight_decay=decay, mask=mask)
   else:
     schedule = official_schedule(train.learning_rate, warmup_steps, total_steps)
-    adam = optax.chain(scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps),
-                       optax.add_decayed_weights(train.weight_decay, mask),
-                       optax.scale_by_learning_rate(schedule))
-  return optax.chain(optax.clip_by_global_norm(train.clip_norm), adam), schedule
+    recipe = lambda decay, mask: optax.chain(scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps),
+                                             optax.add_decayed_weights(decay, mask),
+                                             optax.scale_by_learning_rate(schedule))
+  clip = optax.clip_by_global_norm(train.clip_norm)
+  if flat:
+    return flattened(lambda decay, mask: optax.chain(clip, recipe(decay, mask)), train.weight_decay, mask), schedule
+  return optax.chain(clip, recipe(train.weight_decay, mask)), schedule
 
 
-def pretraining(train: ml_collections.ConfigDict):
+def pretraining(train: ml_collections.ConfigDict, flat: bool = False):
   """The pre-training optimiser and its schedule (the schedule is also logged)."""
-  return build(train, train.warmup_steps, train.num_steps)
+  return build(train, train.warmup_steps, train.num_steps, flat=flat)

@@ -104,9 +104,11 @@ def _assert_steps_equal(ours, theirs, names):
       np.testing.assert_allclose(a[path], b[name], rtol=2e-5, atol=2e-6, err_msg=f"step {step}: {path}")
 
 
-def test_official_pretraining_optimizer_is_the_official_update_rule():
-  """train.optimizer=official, 8 steps (warm-up 3 of 10, clipping on and off), against the NumPy transcription;
-  LayerNorm parameters and biases must not decay, kernels and embedding tables must."""
+@pytest.mark.parametrize("flat", [False, True])
+def test_official_pretraining_optimizer_is_the_official_update_rule(flat):
+  """train.optimizer=official, 8 steps (warm-up 3 of 10, clipping on and off), against the NumPy transcription, per
+  array and flat (optim.flat_update); LayerNorm parameters and biases must not decay, kernels and embedding tables
+  must."""
   names = {  # our path -> the official variable name of the same weight
       "embeddings/word_embeddings": "electra/embeddings/word_embeddings",
       "embeddings/LayerNorm/scale": "electra/embeddings/LayerNorm/gamma",
@@ -123,20 +125,24 @@ def test_official_pretraining_optimizer_is_the_official_update_rule():
   params, grads = _random_problem(shapes, steps=8)
   train_cfg = config_lib.base("tiny").train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_steps=3, num_steps=10, weight_decay=0.3)
-  tx, _ = optim.pretraining(train_cfg)
+  tx, _ = optim.pretraining(train_cfg, flat=flat)
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 3, 0.3)
   _assert_steps_equal(ours, theirs, names)
   # and the recipe does differ from today's AdamW default on the same problem
   train_cfg.optimizer = "adamw"
-  adamw = _run_ours(optim.pretraining(train_cfg)[0], _tree(params), [_tree(g) for g in grads])
+  adamw = _run_ours(optim.pretraining(train_cfg, flat=flat)[0], _tree(params), [_tree(g) for g in grads])
   assert not np.allclose(adamw[-1]["embeddings/word_embeddings"], ours[-1]["embeddings/word_embeddings"])
+  # AdamW's update is the same flat as per array
+  per_array = _run_ours(optim.pretraining(train_cfg, flat=not flat)[0], _tree(params), [_tree(g) for g in grads])
+  _assert_steps_equal(adamw, per_array, {k: k for k in names})
 
 
-def test_official_finetuning_optimizer_is_the_official_update_rule():
+@pytest.mark.parametrize("flat", [False, True])
+def test_official_finetuning_optimizer_is_the_official_update_rule(flat):
   """Fine-tuning's optimiser with train.optimizer=official and layer decay 0.8, 6 steps (warm-up 30% of 10 steps),
-  against the NumPy transcription with _get_layer_lrs' per-variable learning rates."""
+  against the NumPy transcription with _get_layer_lrs' per-variable learning rates; per array and flat."""
   names = {
       "electra/embeddings/word_embeddings": "electra/embeddings/word_embeddings",
       "electra/embeddings/LayerNorm/bias": "electra/embeddings/LayerNorm/beta",
@@ -156,7 +162,7 @@ def test_official_finetuning_optimizer_is_the_official_update_rule():
   params, grads = _random_problem(shapes, steps=6, seed=1)
   train_cfg = finetune_config.base_config().train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_fraction=0.3, layer_decay=0.8, weight_decay=0.3)
-  tx, _ = experiment.optimizer(train_cfg, num_steps=10, num_layers=2)
+  tx, _ = experiment.optimizer(train_cfg, num_steps=10, num_layers=2, flat=flat)
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 10 * 0.3, 0.3,

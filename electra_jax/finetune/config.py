@@ -87,7 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
       profile_steps=0,  # as pre-training's: a jax.profiler trace of this many steps into <workdir>/tensorboard
       # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
       # clipping) are pre-training's.
-      **{k: pretrain.train[k] for k in ("optimizer", "weight_decay", "adam_b1", "adam_b2", "adam_eps", "clip_norm")},
+      **{k: pretrain.train[k] for k in ("optimizer", "flat_update", "weight_decay", "adam_b1", "adam_b2",
+                                           "adam_eps", "clip_norm")},
   ))
   c.mesh = pretrain.mesh
   c.lock()

@@ -95,9 +95,10 @@ def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransform
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def optimizer(train, num_steps: int, num_layers: int):
-  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, and layer-wise LR decay."""
-  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps)
+def optimizer(train, num_steps: int, num_layers: int, flat: bool = False):
+  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps (over one flat vector if `flat`:
+  optim.flat_update), and layer-wise LR decay."""
+  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps, flat=flat)
   return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
 
 
@@ -202,8 +203,9 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   train_config = ft.train.copy_and_resolve_references()
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
-  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers)
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
+  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers,
+                           flat=optim.flat_update(train_config, mesh))
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])

@@ -74,13 +74,13 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
   objective = objectives.get(config.objective.name)
-  tx, schedule = optim.pretraining(config.train)
+  mesh = sharding.create_mesh(**config.mesh, devices=devices)
+  tx, schedule = optim.pretraining(config.train, flat=optim.flat_update(config.train, mesh))
   update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
   masking.check_masking(config.objective.mask_prob, config.data.seq_len)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
-  mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(config.train.batch_size, mesh)
   accum_steps = config.train.grad_accum_steps
   accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
