@@ -35,7 +35,9 @@ setuptools.setup(
         ],
         # electra-prepare --beam_pipeline_options: the same dataset made by Apache Beam's workers (DirectRunner here;
         # Dataflow needs apache-beam[gcp] too).
-        "beam": ["apache-beam>=2.60,<3"],
+        # apache-beam holds protobuf below 7, whose runtime refuses sentencepiece 0.2.3's generated model proto
+        # (made with protobuf 7): 0.2.2's loads on either.
+        "beam": ["apache-beam>=2.60,<3", "sentencepiece>=0.2,<0.2.3"],
         # The HF directory: safetensors and tokenizers write it (config.json is plain JSON); torch reads one that has
         # only pytorch_model.bin (as some hub checkpoints do); transformers is the parity reference that loads ours.
         "export": ["transformers>=4.45,<6", "safetensors>=0.4", "tokenizers>=0.20", "torch>=2.2"],
