@@ -80,3 +80,37 @@ def test_pretraining_on_a_damaged_shard_ends_in_one_line_and_writes_nothing(tiny
     print(result.stderr.strip().splitlines()[-1])
     helpers.assert_one_line_error(result, f"shard {shard.name} of the prepared dataset {shard.parent} is damaged")
     assert not workdir.exists()
+
+
+def test_a_damaged_copy_of_a_gcs_shard_is_never_read(tiny_data, gcs_bucket, tmp_path, monkeypatch):
+  """A gs:// shard whose bytes differ from those recorded is refused as it is fetched, before it reaches the host's
+  local copy; a local copy damaged after the fetch is deleted when read, and the next reader fetches it again."""
+  from electra_jax import storage  # pylint: disable=g-import-not-at-top
+  host, bucket = gcs_bucket
+  dataset = tiny_data[1].dataset_dir
+  (shard,) = (f for f in os.listdir(dataset) if "-train.array_record-" in f)
+  for name in os.listdir(dataset):
+    bucket.blob(f"damaged/{name}").upload_from_filename(os.path.join(dataset, name))
+  data = bytearray(open(os.path.join(dataset, shard), "rb").read())
+  data[1000:1064] = bytes(b ^ 0xFF for b in data[1000:1064])
+  bucket.blob(f"damaged/{shard}").upload_from_string(bytes(data))
+  for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
+    monkeypatch.setenv(name, host)
+  monkeypatch.setenv("ELECTRA_JAX_CACHE", str(tmp_path / "cache"))
+  storage.initialize()
+  remote = f"gs://{bucket.name}/damaged"
+  with pytest.raises(integrity.Damaged, match=f"shard {shard} of the prepared dataset {remote} is damaged .*CRC-32"):
+    input_pipeline.Reader(remote).read(np.arange(4))
+  assert not [f for _, _, files in os.walk(tmp_path / "cache") for f in files if f.startswith(shard)]
+
+  bucket.blob(f"damaged/{shard}").upload_from_filename(os.path.join(dataset, shard))
+  reader = input_pipeline.Reader(remote)
+  expected = reader.read(np.arange(16))
+  copy = reader.path(shard)
+  with open(copy, "r+b") as f:
+    f.seek(len(data) // 2)
+    f.write(b"\0" * 4096)
+  with pytest.raises(integrity.Damaged, match=f"the local copy {copy} of shard {shard} .* it was deleted"):
+    input_pipeline.Reader(remote).verify(0)
+  assert not os.path.exists(copy)
+  np.testing.assert_array_equal(input_pipeline.Reader(remote).read(np.arange(16))["input_ids"], expected["input_ids"])
