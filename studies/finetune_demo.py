@@ -196,7 +196,7 @@ def why(pretraining: dict | None, all_paid: bool) -> list[str]:
       lines.append(f"After {budget} of pre-training the discriminator's held-out ROC AUC is {auc:.3f}, above the "
                    "no-context plateau's 0.51-0.59: early in a run that is a transient of the generator, later a "
                    "judgement of tokens against their context (docs/pretraining.md, \"Is it learning?\").")
-  size = (f", at {PAYING_FLOPS / pretraining['flops']:.0f} times this run's FLOPs"
+  size = (f", at {PAYING_FLOPS / pretraining['flops']:,.0f} times this run's FLOPs"
           if pretraining and pretraining.get("flops") else "")
   lines.append(f"Where pre-training is shown paying{size} (docs/pretraining.md): {PAYING}.")
   return lines
