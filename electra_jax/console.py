@@ -1,9 +1,10 @@
 """What a command shows its user, set up before its work starts (console.start): no TPU start-up where there is no
-TPU, the project's lines rather than its libraries' chatter, and log lines that never break a progress bar's line.
+TPU, the project's lines rather than its libraries' chatter, and log lines on lines of their own, never appended to a
+progress bar's.
 
 At the default verbosity a command logs what it does and decides (its own INFO lines and up) and every library's
-warnings and errors but those in CHATTER; libraries' INFO lines are left out. Any --verbosity given (--verbosity=1, or
--v=1, shows everything) logs every line as absl does.
+warnings and errors but those in CHATTER; libraries' INFO lines are left out. Any --verbosity given (-v=1 shows
+everything) logs every line as absl does.
 """
 import glob
 import importlib.util
