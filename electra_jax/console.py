@@ -16,7 +16,8 @@ from absl import flags, logging
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
 # The project's code beside the package, run from a checkout (studies/finetune_demo.py is a step of `make demo`).
-OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d) for d in ("studies", "benchmarks", "launch", "tests")))
+OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d)
+                       for d in ("configs", "studies", "benchmarks", "launch", "tests")))
 # Library warnings that every run logs and that ask nothing of the user (message prefixes): Orbax registering its own
 # handler for jax.Array once a process; TFDS naming the builder config of each dataset electra-prepare writes.
 CHATTER = ("Type handler registry", "Using custom data configuration")
