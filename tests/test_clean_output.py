@@ -1,7 +1,7 @@
 """What a newcomer reads: electra-prepare and a few pre-training steps, in this install (libtpu present, as `make`
 installs it) on a host without a TPU, print the project's lines (the dataset summary, the plan, the progress bar) and
 none of libtpu's failed start or the libraries' chatter; --verbosity=1 brings the libraries' lines back; no log line
-lands on a progress bar's line."""
+lands on a running progress bar's line."""
 import importlib.util
 import os
 import pathlib
