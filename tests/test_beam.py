@@ -141,6 +141,8 @@ def test_gcs_text_files_in_two_shards(gcs_bucket, tiny_data, tmp_path):
 @pytest.mark.parametrize("options, message", [
     ("runner=NoSuchRunner", "--beam_pipeline_options: Unexpected pipeline runner: NoSuchRunner"),
     ("runner=DirectRunner,direct_num_wrokers=2", "--beam_pipeline_options: Beam has no option direct_num_wrokers=2"),
+    ("runner=DataflowRunner,project=p,region=r,temp_location=gs://b/t",
+     "--beam_pipeline_options: runner DataflowRunner: its workers cannot write the dataset yet"),
 ])
 def test_bad_options(tiny_data, tmp_path, options, message):
   config = copy.deepcopy(tiny_data[0])

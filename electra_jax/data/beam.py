@@ -1,5 +1,6 @@
 """electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
-transform, run by any Beam runner (DirectRunner on this machine's cores, Dataflow, Flink, Spark).
+transform, run by Beam's DirectRunner on this host's cores (LOCAL_RUNNERS: runners on other machines, Dataflow's,
+would need the shards written to Cloud Storage, which ArrayRecord's writer cannot do yet).
 
 The launching host lists the corpus's parts (files, TFDS shards: corpus.Corpus.parts) and trains the tokenizer on a
 bounded sample, as the single-host path does; the workers read the parts, each only its own, then split sentences,
@@ -24,6 +25,11 @@ from electra_jax.data import packing
 from electra_jax.data import pretraining
 
 
+# Runners whose workers are processes of this host: they write the shards where the builder is, a local directory
+# (a gs:// data_dir's dataset is built locally, then uploaded, as on the single-host path).
+LOCAL_RUNNERS = ("SwitchingDirectRunner", "BundleBasedDirectRunner", "FnApiRunner")
+
+
 def options(text: str) -> pipeline_options.PipelineOptions:
   """--beam_pipeline_options's "name=value,..." (the form of TFDS's own flag) as Beam's options. A runner or an option
   Beam does not know is a one-line ValueError (Beam itself would drop an unknown option with a warning)."""
@@ -35,12 +41,14 @@ def options(text: str) -> pipeline_options.PipelineOptions:
     raise ValueError(f"--beam_pipeline_options: Beam has no option {', '.join(unknown)}")
   runner = parsed.view_as(pipeline_options.StandardOptions).runner or "DirectRunner"
   try:
-    runner_lib.create_runner(runner)
+    kind = type(runner_lib.create_runner(runner)).__name__
   except ValueError as e:
-    raise ValueError(f"--beam_pipeline_options: {str(e).split(' Valid values')[0]}: try DirectRunner, "
-                     "DataflowRunner, FlinkRunner, SparkRunner or a PipelineRunner class's full name") from e
-  except ImportError as e:  # Dataflow's client libraries: apache-beam[gcp]
-    raise ValueError(f"--beam_pipeline_options: runner {runner}: {e}") from e
+    raise ValueError(f"--beam_pipeline_options: {str(e).split(' Valid values')[0]}: try DirectRunner (or "
+                     "BundleBasedDirectRunner, FnApiRunner)") from e
+  if kind not in LOCAL_RUNNERS:
+    raise ValueError(f"--beam_pipeline_options: runner {runner}: its workers cannot write the dataset yet (it is "
+                     "built in a directory of this host: ArrayRecord's writer takes local paths only); run on "
+                     "DirectRunner, or see docs/data.md")
   return parsed
 
 
