@@ -108,9 +108,16 @@ def write(path, data: bytes | str):
 
 
 def copy_file(src, dst):
-  """Streams one file between any two stores."""
-  with epath.Path(src).open("rb") as r, epath.Path(dst).open("wb") as w:
-    shutil.copyfileobj(r, w, _CHUNK)
+  """Streams one file between any two stores. An upload whose session Cloud Storage lost after some of its bytes
+  (a restarted store; see outage.restart_lost_uploads for those that lost none) is started again from the first."""
+  for attempt in range(2):
+    try:
+      with epath.Path(src).open("rb") as r, epath.Path(dst).open("wb") as w:
+        shutil.copyfileobj(r, w, _CHUNK)
+      return
+    except FileNotFoundError as e:  # gcsfs's error for a 404 on the session's URL names it (upload_id=...)
+      if attempt or not is_remote(dst) or "upload_id=" not in str(e):
+        raise
 
 
 def file_sizes(directory) -> dict[str, int]:

@@ -177,3 +177,35 @@ def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path):
     assert fs.cat(f"{BUCKET}/metrics.jsonl") == b"x" * 1000
   finally:
     store.kill()
+
+
+def test_a_copy_whose_upload_session_the_store_lost_midway_is_started_again(tmp_path, monkeypatch):
+  """A file larger than gcsfs's block size goes up in several requests of one session; a store restarted between
+  them no longer knows it: storage.copy_file starts the copy again from the first byte (a dataset's upload)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from electra_jax import storage  # pylint: disable=g-import-not-at-top
+  store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
+  try:
+    for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
+      monkeypatch.setenv(name, store.host)
+    storage.initialize()
+    data = bytes(range(256)) * (40 << 12)  # 10 MiB: two of gcsfs's blocks and more
+    (tmp_path / "shard").write_bytes(data)
+    monkeypatch.setattr(storage, "_CHUNK", 6 << 20)
+    copyfileobj, restarts = shutil.copyfileobj, []
+
+    def restarting_midway(r, w, length):
+      w.write(r.read(length))
+      w.flush()  # the first 6 MiB sent, in the upload's session
+      if not restarts:
+        restarts.append(1)
+        store.kill()
+        store.start()
+      copyfileobj(r, w, length)
+
+    monkeypatch.setattr(shutil, "copyfileobj", restarting_midway)
+    storage.copy_file(tmp_path / "shard", f"gs://{BUCKET}/shard")
+    monkeypatch.setattr(shutil, "copyfileobj", copyfileobj)
+    assert restarts and store.bucket.blob("shard").download_as_bytes() == data
+  finally:
+    store.kill()
