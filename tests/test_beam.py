@@ -168,6 +168,18 @@ def test_a_glob_matching_nothing(tiny_data, tmp_path):
     build.build(config, TWO_WORKERS)
 
 
+def test_bad_data_in_a_worker(tiny_data, tmp_path):
+  """An empty file, found by a worker process: the single-host path's one-line error, and no dataset left."""
+  (tmp_path / "text").mkdir()
+  (tmp_path / "text" / "a.txt").write_text("One document. Of two sentences.\n")
+  (tmp_path / "text" / "b.txt").write_text("\n\n")
+  config = _with_tokenizer(tiny_data[0], tmp_path / "data", tiny_data[1].tokenizer_path,
+                           text_files=str(tmp_path / "text" / "*.txt"))
+  with pytest.raises(ValueError, match=f"^empty file \\(no text\\): {tmp_path}/text/b.txt$"):
+    build.build(config, TWO_WORKERS)
+  assert not os.path.exists(os.path.dirname(prepared.dataset_dir(config)))
+
+
 @pytest.mark.slow  # electra-prepare, as a subprocess
 def test_cli_one_line_error(tmp_path):
   """The command's view of these errors (ValueError, MissingPackage): one line, exit status 1."""

@@ -11,6 +11,7 @@ documents) plus its place in the part, so the examples, their keys and hence the
 """
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -28,6 +29,7 @@ from electra_jax.data import pretraining
 # Runners whose workers are processes of this host: they write the shards where the builder is, a local directory
 # (a gs:// data_dir's dataset is built locally, then uploaded, as on the single-host path).
 LOCAL_RUNNERS = ("SwitchingDirectRunner", "BundleBasedDirectRunner", "FnApiRunner")
+_DATA_ERROR = f"{corpus_lib.DataError.__module__}.{corpus_lib.DataError.__name__}: "  # as a traceback's last line
 
 
 def options(text: str) -> pipeline_options.PipelineOptions:
@@ -56,6 +58,18 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
   """ElectraPretraining whose examples a Beam pipeline makes: the same name, configs, features and files."""
 
   name = pretraining.ElectraPretraining.name
+
+  def download_and_prepare(self, **kwargs):
+    """ElectraPretraining's, with bad data in a worker (an empty file, say) the single-host path's one-line DataError:
+    Beam raises it with the stage's name added, or, from a worker process, as a RuntimeError holding its traceback."""
+    try:
+      super().download_and_prepare(**kwargs)
+    except (corpus_lib.DataError, RuntimeError) as e:
+      last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+      message = re.sub(r"\s*\[while running '.*'\]$", "", last.removeprefix(_DATA_ERROR))
+      if isinstance(e, corpus_lib.DataError) or last.startswith(_DATA_ERROR):
+        raise corpus_lib.DataError(message) from e
+      raise
 
   def _split_generators(self, dl_manager, pipeline):  # pylint: disable=arguments-differ  (TFDS's Beam form)
     del dl_manager  # nothing is downloaded
