@@ -3,7 +3,7 @@ export).
 
 <workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
 (the loop's own JSON payload, e.g. pre-training's input position, and the tokenizer's fingerprint), `rng` (the step
-rng's key data), `config` and `checksums` (the CRC-32 of every state array's global bytes). Saves are asynchronous and
+rng's key data), `config` and `checksums` (of every state array's global value: checksums()). Saves are asynchronous and
 atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete (on gs://, where a directory cannot
 be renamed, it writes <step>/ and then <step>/commit_success.txt, without which a step does not count), so a kill at
 any moment leaves the earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its
@@ -23,6 +23,7 @@ import zlib
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -235,8 +236,10 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       raise _unreadable(step, where, e) from e
     if "checksums" in items:
-      sums = checksums(state)
-      differ = sorted(k for k, v in sums.items() if saved.checksums.get(k) != v)
+      saved_sums = saved.checksums
+      sums, saved_sums = ((checksums(state)["arrays"], saved_sums["arrays"]) if saved_sums.get("kind") == CHECKSUM
+                          else (_crc32s(state), saved_sums))  # older checkpoints': CRC-32s, computed on the host
+      differ = sorted(k for k, v in sums.items() if saved_sums.get(k) != v)
       if differ:
         raise CorruptCheckpointError(step, f"{where} is corrupt: the bytes of {len(differ)} of its {len(sums)} arrays "
                                      f"(e.g. {differ[0]}) differ from the checksums saved with it")
@@ -305,10 +308,18 @@ class Checkpointer:
 
 def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None = None):
   """An OtherModelError naming the first array where `saved_tree` and `wanted_tree` differ in shape (Orbax's error
-  would name one array deep in a traceback)."""
+  would name one array deep in a traceback); a ValueError naming train.flat_update where only the optimiser state's
+  layout differs."""
   saved, wanted = _shapes(saved_tree), _shapes(wanted_tree)
   if saved != wanted:
-    name = sorted(set(saved.items()) ^ set(wanted.items()))[0][0]
+    differ = sorted(set(saved.items()) ^ set(wanted.items()))
+    if all(name.startswith("opt_state.") for name, _ in differ):  # the same model, another optimiser layout
+      count = lambda shapes: sum(name.startswith("opt_state.") for name in shapes)
+      flat = count(saved) < count(wanted)
+      layout = lambda flat: "as one flat vector" if flat else "per weight array"
+      raise ValueError(f"{where} holds its optimiser state {layout(flat)}, this run {layout(not flat)}: resume with "
+                       f"--config.train.flat_update={flat} (optim.py; a flat update also needs mesh.fsdp=1)")
+    name = differ[0][0]
     raise OtherModelError(where, name, saved.get(name), wanted.get(name), saved_config)
 
 
@@ -368,9 +379,37 @@ def _shapes(tree) -> dict:
   return {name: tuple(v.shape) for name, v in _named_leaves(tree)}
 
 
+CHECKSUM = "sum32"  # the kind of checksums() a checkpoint holds; older ones hold bare CRC-32s (_crc32s)
+
+
 def checksums(tree) -> dict:
-  """{name: CRC-32 of the global array's bytes}, the same on any mesh. Each array is copied to the host (gathered
-  from every process where it is not fully addressable), one at a time: a pass over the state in host memory."""
+  """{"kind": CHECKSUM, "arrays": {name: checksum}}: of each array, the sum of its 32-bit words (narrower ones
+  widened), each times an odd multiplier of its place, modulo 2^32. A change of any one word changes it; it is the
+  same on any mesh, and it is computed where the arrays live, one reduction each summed across the devices, so a
+  save copies nothing to the host and costs the same on one device as on a pod."""
+  names, leaves = zip(*_named_leaves(tree)) if jax.tree.leaves(tree) else ((), ())
+  return dict(kind=CHECKSUM, arrays=dict(zip(names, map(int, jax.device_get(_sums(list(leaves)))))))
+
+
+@jax.jit
+def _sums(leaves):
+  return [_sum32(x) for x in leaves]
+
+
+def _sum32(x: jax.Array) -> jax.Array:
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  else:  # 8-byte types become two words (a trailing dimension), narrower ones one
+    words = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}.get(x.dtype.itemsize, jnp.uint32))
+    words = words.astype(jnp.uint32)
+  place = jnp.zeros(words.shape, jnp.uint32)  # row-major index, from iotas: a reshape would move a split array
+  for axis, stride in enumerate(np.cumprod((words.shape + (1,))[:0:-1])[::-1]):
+    place += jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride % 2**32)
+  return jnp.sum(words * (place * 2 + 1) * jnp.uint32(0x9E3779B1), dtype=jnp.uint32)
+
+
+def _crc32s(tree) -> dict:
+  """{name: CRC-32 of the global array's bytes}: older checkpoints' checksums, each array copied to the host."""
   crc = lambda x: zlib.crc32(np.ascontiguousarray(sharding.to_host(x)).reshape(-1).view(np.uint8))
   return {name: crc(x) for name, x in _named_leaves(tree)}
 

@@ -230,19 +230,26 @@ def test_resume_on_fewer_devices_with_another_batch_size(runs, request):
 
 
 def test_restore_reshards_onto_another_mesh(tiny_data, straight):
-  """A checkpoint written on 8 devices (data=8) restores bitwise onto 2 devices split by FSDP."""
+  """A checkpoint written on 8 devices (data=8) restores bitwise onto 2 devices split by FSDP: its weights and step;
+  its optimiser state, flat where the weights were whole on each device (train.flat_update), is refused in one line
+  naming the switch, for one per weight array."""
   config, prepared = tiny_data
   reference = _params(straight())
   config = workdir_lib.load_config(str(straight()))
   config.mesh.update(data=1, fsdp=2)
   exp = experiment.create(config, prepared.special_ids, devices=jax.devices()[:2])
   ckpt = checkpoints.Checkpointer(str(straight()), config, prepared.tokenizer_path)
-  restored = ckpt.restore(exp.sharded.abstract())
+  abstract = exp.sharded.abstract()
+  restored = ckpt.restore({"params": abstract.params, "step": abstract.step})
+  with pytest.raises(ValueError, match=r"checkpoints/8 holds its optimiser state as one flat vector, this run per "
+                     r"weight array: resume with --config.train.flat_update=True \(optim.py; a flat update also "
+                     r"needs mesh.fsdp=1\)$"):
+    ckpt.restore(abstract)
   ckpt.close()
-  kernel = restored.state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
+  kernel = restored.state["params"]["discriminator"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.mesh.devices.size == 2 and kernel.sharding.spec[0] == "fsdp"
-  _assert_same_params(reference, jax.device_get(restored.state.params))
-  assert restored.extra["position"] == {"step": N} and int(restored.state.step) == N
+  _assert_same_params(reference, jax.device_get(restored.state["params"]))
+  assert restored.extra["position"] == {"step": N} and int(restored.state["step"]) == N
 
 
 def test_restore_refuses_another_tokenizer(tiny_data, straight, tmp_path):
