@@ -9,10 +9,15 @@ Compiles the step (reports compile time and compiled.memory_analysis()), warms u
 steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
 [CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
 ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
-(loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches, one step in flight): the difference is
-what the host costs. FLOPs, TFLOP/s and MFU come from electra_jax.flops. The last line of output is one JSON object
-(config, device, step_time_s, tokens_per_sec, mfu, memory, ...).
+(loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
+steps late): the difference is what the host costs. It also counts what the compiled step is made of (parameter
+arrays, instructions, fusions: on a GPU each fusion is a kernel launch). FLOPs, TFLOP/s and MFU come from
+electra_jax.flops. The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu,
+memory, fusions, ...).
 """
+import collections
+import gc
+import itertools
 import json
 import os
 import time
@@ -74,6 +79,39 @@ def host_batches(config, special, prepared=None) -> list:
   return batches
 
 
+def _opcodes(computation: str) -> list[str]:
+  """The opcode of each instruction of one HLO computation's text ('%x = SHAPE opcode(operands), ...')."""
+  ops = []
+  for line in computation.splitlines():
+    _, eq, rest = line.partition(" = ")
+    if not eq:
+      continue
+    if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
+      depth = 0
+      for i, c in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if not depth:
+          rest = rest[i + 1:]
+          break
+    else:
+      rest = rest.partition(" ")[2]
+    ops.append(rest.strip().partition("(")[0])
+  return ops
+
+
+def kernel_counts(compiled, state) -> dict:
+  """What the optimised step is made of, on the backend that compiled it: the state's parameter arrays, and the
+  instructions and fusions (each one kernel launch on a GPU) of its entry computation, and the reduce ops of the
+  whole module (in fusions included). On an accelerator where each kernel costs a launch, fewer is faster."""
+  import jax  # pylint: disable=g-import-not-at-top
+  text = compiled.as_text()
+  entry = text[text.index("\nENTRY "):]
+  entry = entry[:entry.index("\n}")]
+  ops = _opcodes(entry)
+  return dict(param_arrays=len(jax.tree.leaves(state.params)), hlo_instructions=len(ops),
+              fusions=ops.count("fusion"), reduces=_opcodes(text).count("reduce"))
+
+
 def memory_report(compiled) -> dict:
   """Bytes of the compiled step per device: arguments + outputs not aliased to (donated) arguments + temporaries."""
   m = compiled.memory_analysis()
@@ -92,7 +130,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   block_until_ready at the end of the window (dispatch runs ahead of the device, as in training); then, with
   `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax import flops, loop  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   state = exp.sharded.init(rng)
@@ -100,7 +138,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()} for b in host]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
-  result = dict(compile_s=time.perf_counter() - t0, **memory_report(compiled))
+  result = dict(compile_s=time.perf_counter() - t0, **memory_report(compiled), **kernel_counts(compiled, state))
   for i in range(warmup):
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready(state)
@@ -109,16 +147,25 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, step_metrics))
   seconds = time.perf_counter() - t0
-  # As the training loop drives it: the jitted step (not the compiled object), each step's host batch placed as it
-  # comes and the step before's loss fetched, one step in flight. Where this is slower, the host sets the pace.
+  # As the training loop drives it (loop.py): the jitted step (not the compiled object), batches placed on the
+  # devices ahead by input_pipeline.OnDevice's thread, each step's loss read two steps late, the garbage collector
+  # frozen. Where this is slower than the window above, the host sets the pace.
   state, step_metrics = exp.step(state, batches[0], rng)  # fills jit's own cache (the compilation cache loads it)
+  placed = input_pipeline.OnDevice(itertools.cycle(host), exp.sharded.batch)
+  pending = collections.deque([step_metrics])
+  loop.collect(started=True, scheduled=False)
   t0 = time.perf_counter()
-  for i in range(steps):
-    state, metrics = exp.step(state, input_pipeline.to_global(host[i % len(host)], exp.sharded.batch), rng)
-    float(step_metrics["loss"])
-    step_metrics = metrics
-  float(step_metrics["loss"])
+  for _ in range(steps):
+    state, metrics = exp.step(state, next(placed), rng)
+    pending.append(metrics)
+    if len(pending) > 2:
+      float(pending.popleft()["loss"])
+  for metrics in pending:
+    float(metrics["loss"])
   loop_seconds = time.perf_counter() - t0
+  gc.unfreeze()
+  gc.enable()
+  placed.close()
   result.update(loop_step_time_s=loop_seconds / steps,
                 loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps / loop_seconds)
   if profile:
@@ -188,7 +235,9 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
         f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
         f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms)  "
         f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
-        f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
+        f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB  "
+        f"{result['param_arrays']} parameter arrays, {result['fusions']} fusions in "
+        f"{result['hlo_instructions']} instructions")
   print(json.dumps(result))
 
 

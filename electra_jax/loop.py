@@ -2,6 +2,7 @@
 progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
 resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
 checkpoints carry."""
+import gc
 import math
 import os
 import sys
@@ -30,8 +31,9 @@ def check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoints.Che
 
 
 class InFlight:
-  """The steps whose metrics are still on the device. Fetching each step's at once would stall the device; leaving
-  one step in flight lets the host prepare the next batch while it runs (and multi-process CPU needs the sync)."""
+  """The steps whose metrics are still on the device. Fetching each step's at once would stall the device: the host
+  reads a step's metrics two steps late, so that the next steps are queued while it waits (multi-process CPU needs
+  the sync at some depth)."""
 
   def __init__(self, ckpt: checkpoints.Checkpointer):
     self._ckpt = ckpt
@@ -41,7 +43,7 @@ class InFlight:
     """Adds a step; fetches the pending steps but the newest (all of them if `fetch_all`: before the state is
     logged, evaluated or saved), checks that their losses and gradient norms are finite, returns their losses."""
     self._pending.append((step, step_metrics))
-    keep = 0 if fetch_all else 1
+    keep = 0 if fetch_all else 2
     done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
     values = jax.device_get([(m["loss"], m["grad_norm"]) for _, m in done])
     for (s, _), (loss, grad_norm) in zip(done, values):
@@ -102,6 +104,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
           eval_now = step % eval_every == 0 or step == num_steps
           save_now = stop or step == num_steps or ckpt.should_save(step)
           losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
+          collect(step == first, log_now)
         with clock.phase("eval"):
           postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now, writer)
         if postfix:
@@ -118,6 +121,8 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         if finished:
           break
     finally:
+      gc.unfreeze()
+      gc.enable()
       profile.stop()
 
       def record_time():
@@ -129,6 +134,18 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         writer.write(int(state.step), split)
       close_all((bar.close, *closers, record_time, writer.close))
   return state, False
+
+
+def collect(started: bool, scheduled: bool):
+  """Python's garbage collector on the loop's schedule, not at any allocation: once the first step has compiled,
+  everything built so far is frozen out of its passes and automatic collection stops; a log step collects. (A pass
+  over a long-running process's objects, taken mid-step, stalls the dispatch of the next one.)"""
+  if started:
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+  elif scheduled:
+    gc.collect()
 
 
 def close_all(closers: Sequence[Callable[[], object]]):

@@ -43,8 +43,9 @@ def _jsonable(v):
 class Writer:
   """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://;
   tensorboardX writes gs:// through google-cloud-storage). Only process 0 writes; other processes get a no-op writer.
-  A gs:// object cannot be appended to: there metrics.jsonl is rewritten whole at each write (an upload is
-  atomic). Opening it for a run resuming at `start_step` drops the records a killed run logged past that step."""
+  A gs:// object cannot be appended to: there each write uploads its line as an object of its own and Cloud Storage
+  composes metrics.jsonl from the two, so a write costs its own bytes, not the file's (RemoteLog). Opening it for a
+  run resuming at `start_step` drops the records a killed run logged past that step."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -53,7 +54,7 @@ class Writer:
     self._path = epath.Path(workdir) / "metrics.jsonl"
     _rewind(self._path, start_step)
     if storage.is_remote(workdir):
-      self._jsonl, self._text = None, self._path.read_text() if self._path.exists() else ""
+      self._jsonl = RemoteLog(self._path)
     else:
       os.makedirs(workdir, exist_ok=True)
       self._jsonl = open(self._path, "a", encoding="utf-8")
@@ -66,12 +67,8 @@ class Writer:
     if not self.active:
       return
     record = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items() if k != "step"}}
-    if self._jsonl is None:
-      self._text += json.dumps(record) + "\n"
-      storage.write(self._path, self._text)
-    else:
-      self._jsonl.write(json.dumps(record) + "\n")
-      self._jsonl.flush()
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
     values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in record.items()
               if k != "step" and v is not None]
     self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
@@ -80,9 +77,43 @@ class Writer:
 
   def close(self):
     if self.active:
-      if self._jsonl is not None:
-        self._jsonl.close()
+      self._jsonl.close()
       self._tb.close()
+
+
+class RemoteLog:
+  """A file on gs:// that grows by appends, as an open text file would: each flush uploads the lines written since
+  as an object beside it, and Cloud Storage composes the file from the two (server-side). An object holds at most
+  1,024 composed parts, so every MAX_PARTS appends the file is uploaded whole once instead: the traffic of a run of n
+  writes grows as n, not n² as rewriting it at each write did."""
+  MAX_PARTS = 512
+
+  def __init__(self, path: epath.Path):
+    import fsspec  # pylint: disable=g-import-not-at-top  (gs:// only: gcsfs's)
+    self._fs, self._key = fsspec.core.url_to_fs(str(path))
+    self._path, self._buffer, self._parts = path, "", self.MAX_PARTS  # rewritten whole at the first flush
+    self._text = path.read_text() if path.exists() else ""
+
+  def write(self, text: str):
+    self._buffer += text
+
+  def flush(self):
+    if not self._buffer:
+      return
+    self._text += self._buffer
+    if self._parts >= self.MAX_PARTS:
+      storage.write(self._path, self._text)
+      self._parts = 1
+    else:
+      part = f"{self._key}.part"
+      self._fs.pipe_file(part, self._buffer.encode("utf-8"))
+      self._fs.merge(self._key, [self._key, part])
+      self._fs.rm_file(part)
+      self._parts += 1
+    self._buffer = ""
+
+  def close(self):
+    self.flush()
 
 
 def _rewind(path: epath.Path, step: int):

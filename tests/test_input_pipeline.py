@@ -113,3 +113,24 @@ def test_reader_maps_indices_across_shards(tiny_data, tmp_path):
   got, want = reader.read(indices), reader.parse(source.__getitems__(indices.tolist()))
   for key in input_pipeline.FEATURES:
     np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_batches_placed_ahead_are_the_same_batches_and_position(tiny_data):
+  """OnDevice (the training loop's prefetch onto the devices) hands out the iterator's batches unchanged, as global
+  arrays with the batch sharding, and its position is that of the last batch handed out, not of the read-ahead."""
+  config, prepared = tiny_data
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  sharding = NamedSharding(mesh, P("data"))
+  plain = input_pipeline.train_iterator(config, prepared)
+  placed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared, state={"step": 0}), sharding)
+  assert placed.get_state() == {"step": 0}
+  for step in range(1, 6):
+    batch, expected = next(placed), next(plain)
+    assert batch["input_ids"].sharding == sharding and placed.get_state() == {"step": step}
+    for key in ("input_ids", "segment_ids"):
+      np.testing.assert_array_equal(np.asarray(batch[key]), expected[key])
+  resumed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared, state=placed.get_state()),
+                                    sharding)
+  np.testing.assert_array_equal(np.asarray(next(resumed)["input_ids"]), next(plain)["input_ids"])
+  for it in (plain, placed, resumed):
+    it.close()

@@ -8,6 +8,7 @@ resumed run sees bit-identical batches on any number of hosts, and a host fetche
 reads. (A tf.data
 iterator checkpoint stores its shuffle buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
 """
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -255,17 +256,54 @@ def resume_position(extra: dict, batch_size: int, step: int) -> dict:
 
 
 def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
-                       num_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+                       num_batches: int | None = None, reader: Reader | None = None
+                       ) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default
-  train.eval_batches; 0 = all full batches), the same number on every host."""
+  train.eval_batches; 0 = all full batches), the same number on every host. `reader`: the validation split's, kept
+  by a caller that evaluates again and again (its shards stay open; from gs://, fetched once)."""
   index, count = _hosts(process_index, process_count)
   per_host = _per_host(config.train.batch_size, count)
-  reader = Reader(prepared.dataset_dir, "validation")
+  reader = reader or Reader(prepared.dataset_dir, "validation")
   available = reader.num_examples // config.train.batch_size
   num_batches = config.train.eval_batches if num_batches is None else num_batches
   for b in range(min(num_batches, available) if num_batches else available):
     start = b * config.train.batch_size + index * per_host
     yield reader.read(np.arange(start, start + per_host))
+
+
+class OnDevice:
+  """The next `depth` batches of `batches` (host numpy) placed on the devices ahead of time, by one thread in order,
+  so that a step never waits on its batch's copy to the devices. get_state() is `batches`' position after the last
+  batch handed out (recorded with each batch; `batches` runs `depth` ahead)."""
+
+  def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2):
+    self._batches, self._sharding = batches, sharding
+    self._state = self._position()
+    self._pool = concurrent.futures.ThreadPoolExecutor(1)
+    self._pending = collections.deque(self._pool.submit(self._place) for _ in range(depth))
+
+  def _position(self):
+    return self._batches.get_state() if hasattr(self._batches, "get_state") else None
+
+  def _place(self):
+    batch = to_global(next(self._batches), self._sharding)
+    return batch, self._position()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, jax.Array]:
+    batch, self._state = self._pending.popleft().result()
+    self._pending.append(self._pool.submit(self._place))
+    return batch
+
+  def get_state(self):
+    return self._state
+
+  def close(self):
+    self._pool.shutdown(wait=True, cancel_futures=True)  # no thread left reading from what closes next
+    if hasattr(self._batches, "close"):
+      self._batches.close()
 
 
 def to_global(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:

@@ -34,7 +34,8 @@ def train(plan: plan_lib.Plan) -> TrainState:
     exp = experiment.create(config, plan.data.special_ids, word_starts=plan.data.word_starts)
     ckpt = checkpoints.Checkpointer(workdir, config, plan.data.tokenizer_path)
     state, position, rng = restore_or_init(exp, ckpt, plan.start)
-    train_iter = input_pipeline.train_iterator(config, plan.data, state=position)
+    train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(config, plan.data, state=position),
+                                         exp.sharded.batch)
     # Every check passed: only now is anything written.
     plan.write()
     writer = metrics_lib.Writer(workdir, int(state.step))
@@ -47,19 +48,21 @@ def train(plan: plan_lib.Plan) -> TrainState:
 
 
 class PreTraining:
-  """What pre-training brings to loop.run: the input pipeline's batches, a metrics.jsonl row (throughput included,
-  held-out evaluation at eval steps) at each log step, and the input position in each checkpoint."""
+  """What pre-training brings to loop.run: the input pipeline's batches (placed on the devices ahead), a metrics.jsonl
+  row (throughput included, held-out evaluation at eval steps) at each log step, and the input position in each
+  checkpoint."""
 
   def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData,
-               train_iter: input_pipeline.TrainIterator, start: int):
+               train_iter: input_pipeline.OnDevice, start: int):
     self.exp, self.prepared, self.train_iter = exp, prepared, train_iter
     self.tokens_per_step = exp.config.train.batch_size * exp.config.data.seq_len
     self.t0 = self.last_time = time.time()
     self.last_step = start
+    self.held_out = None  # the validation split's reader, from the first evaluation on
 
   def batch(self, step: int) -> dict[str, jax.Array]:
     del step  # the iterator is at it
-    return input_pipeline.to_global(next(self.train_iter), self.exp.sharded.batch)
+    return next(self.train_iter)
 
   def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
                  eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
@@ -73,8 +76,9 @@ class PreTraining:
                                     now - self.last_time))
     scalars.update(learning_rate=self.exp.schedule(step - 1), elapsed_s=now - self.t0)
     if eval_now:
+      self.held_out = self.held_out or input_pipeline.Reader(self.prepared.dataset_dir, "validation")
       held_out = (input_pipeline.to_global(b, self.exp.sharded.batch)
-                  for b in input_pipeline.validation_batches(self.exp.config, self.prepared))
+                  for b in input_pipeline.validation_batches(self.exp.config, self.prepared, reader=self.held_out))
       scalars.update(experiment.evaluate(self.exp, state.params, held_out))
     writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
     self.last_step, self.last_time = step, time.time()
