@@ -88,10 +88,10 @@ def flattened(recipe: Callable, weight_decay: float, mask) -> optax.GradientTran
   return optax.GradientTransformation(init, update)
 
 
-def flat_update(train: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> bool:
-  """Whether the update runs flat: train.flat_update, where every device holds the whole weights (mesh.fsdp 1); a
-  flat vector cannot follow the weights' split over fsdp."""
-  return bool(train.get("flat_update", False)) and mesh.shape["fsdp"] == 1  # .get: older config.json lack the key
+def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> bool:
+  """Whether the update runs flat: as train.flat_update (`wanted`) asks, where every device holds the whole weights
+  (mesh.fsdp 1); a flat vector cannot follow the weights' split over fsdp."""
+  return bool(wanted) and mesh.shape["fsdp"] == 1
 
 
 def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask,

@@ -5,6 +5,7 @@ import copy
 import json
 
 import jax
+import jax.flatten_util
 import numpy as np
 import optax
 import pytest
@@ -96,6 +97,9 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   assert {int(c) for _, c in optax.tree_utils.tree_get_all_with_path(after.opt_state, "count")} == {5}
   c = second.train
   mu, nu = (optax.tree_utils.tree_get(after.opt_state, k) for k in ("mu", "nu"))
+  if not isinstance(mu, dict):  # train.flat_update: one vector each, in the parameters' order
+    unravel = jax.flatten_util.ravel_pytree(end.params)[1]
+    mu, nu = unravel(mu), unravel(nu)
   direction = jax.tree.map(lambda m, v: m / (1 - c.adam_b1 ** 5) / (np.sqrt(v / (1 - c.adam_b2 ** 5)) + c.adam_eps),
                            mu, nu)
   rates = [(p0 - p1)[np.abs(u) > 0.5] / u[np.abs(u) > 0.5]

@@ -205,7 +205,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
   tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers,
-                           flat=optim.flat_update(train_config, mesh))
+                           flat=optim.flat_update(train_config.get("flat_update", False), mesh))
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])

@@ -75,7 +75,8 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
   objective = objectives.get(config.objective.name)
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
-  tx, schedule = optim.pretraining(config.train, flat=optim.flat_update(config.train, mesh))
+  # .get: config.json of workdirs from before the key was added lacks it (their optimiser state is per array).
+  tx, schedule = optim.pretraining(config.train, flat=optim.flat_update(config.train.get("flat_update", False), mesh))
   update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
   masking.check_masking(config.objective.mask_prob, config.data.seq_len)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
