@@ -10,8 +10,9 @@ OUTPUT/logs/NAME.out and NAME.err). A failed step is recorded, and the steps tha
   env       Python, jax, torch and transformers versions, devices, nvidia-smi, which optional modules are missing
   prepare   --dry_run without --data_dir only: electra-prepare of configs/tiny.py into OUTPUT/data
   bench     electra-bench in bfloat16 per --bench entry (configs/NAME.py at BATCHxSEQ), with einsum attention and
-            with fused attention (jax.nn.dot_product_attention, attention dropout 0); with --profile, a trace of
-            each and its ops that took longest (benchmarks/trace_top.py)
+            with fused attention (jax.nn.dot_product_attention, attention dropout 0), under each --bench_variants
+            (XLA's command buffers off, the temporaries at one address, the per-array update); with --profile, a
+            trace of each and its ops that took longest (benchmarks/trace_top.py)
   peer      benchmarks/peer_torch.py (HF transformers in PyTorch) at the same shapes, eager and torch.compile
   pretrain  configs/small.py on --data_dir through launch/gpu.sh into OUTPUT/pretrain, time-boxed: num_steps fills
             --pretrain_minutes at the bench's step time as the loop drives it (or --pretrain_step_time), evaluating
@@ -44,6 +45,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = ("install", "env", "prepare", "bench", "peer", "pretrain", "export", "finetune")
 NEEDS = {"export": "pretrain", "finetune": "export"}  # a step skipped unless the one it reads succeeded
 ATTENTION = {"einsum": [], "fused": ["--config.model.attention_impl=fused", "--config.model.attention_dropout_rate=0"]}
+# What the bench times each config under (--bench_variants): XLA flags added to XLA_FLAGS, and config overrides. XLA
+# re-records a step's CUDA graph whenever a buffer it uses moved; command buffers off, or the temporaries kept at one
+# address, are the two ways out; per_array is the optimiser's update before train.flat_update.
+VARIANTS = {
+    "default": ([], []),
+    "per_array": ([], ["--config.train.flat_update=False"]),
+    "no_command_buffers": (["--xla_gpu_enable_command_buffer="], []),
+    "temp_color": (["--xla_gpu_temp_buffer_use_separate_color=true"], []),
+    "no_command_buffers_per_array": (["--xla_gpu_enable_command_buffer="], ["--config.train.flat_update=False"]),
+}
 TIMEOUT_S = 900  # any one command but pre-training, which has its deadline
 GRACE_S = 120  # after SIGTERM: time to save and exit before SIGKILL
 STARTUP_S = 180  # of the pre-training time box: start-up, compiling (Small's step: 54-81 s on an H200), evaluation
@@ -93,11 +104,14 @@ class Run:
     # This interpreter's scripts first: launch/gpu.sh starts the electra-pretrain installed beside it.
     self.env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
 
-  def command(self, name: str, cmd: list[str], deadline_s: float = TIMEOUT_S) -> dict:
-    """Runs `cmd` with stdout/stderr to logs/NAME.out/.err; SIGTERM after deadline_s, SIGKILL GRACE_S later."""
+  def command(self, name: str, cmd: list[str], deadline_s: float = TIMEOUT_S, xla_flags: tuple[str, ...] = ()
+              ) -> dict:
+    """Runs `cmd` with stdout/stderr to logs/NAME.out/.err, `xla_flags` added to XLA_FLAGS; SIGTERM after
+    deadline_s, SIGKILL GRACE_S later."""
     t0 = time.time()
+    env = dict(self.env, XLA_FLAGS=" ".join([*xla_flags, self.env.get("XLA_FLAGS", "")]).strip())
     with open(self.out / "logs" / f"{name}.out", "w") as out, open(self.out / "logs" / f"{name}.err", "w") as err:
-      proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=err)
+      proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
       stopped = False
       try:
         proc.wait(timeout=deadline_s)
@@ -111,12 +125,13 @@ class Run:
           proc.wait()
     stdout = (self.out / "logs" / f"{name}.out").read_text(errors="replace")
     lines = [l for l in stdout.splitlines() if l.strip()]
-    return dict(name=name, command=shlex.join(cmd), returncode=proc.returncode, seconds=round(time.time() - t0, 1),
+    return dict(name=name, command=shlex.join(cmd), xla_flags=env["XLA_FLAGS"], returncode=proc.returncode,
+                seconds=round(time.time() - t0, 1),
                 stopped_at_deadline=stopped, log=f"logs/{name}.err", last_line=lines[-1] if lines else "")
 
-  def json_command(self, name: str, cmd: list[str]) -> dict:
+  def json_command(self, name: str, cmd: list[str], xla_flags: tuple[str, ...] = ()) -> dict:
     """A command whose last line of stdout is a JSON object: the record with that object as `result`, or `error`."""
-    r = self.command(name, cmd)
+    r = self.command(name, cmd, xla_flags=xla_flags)
     try:
       if r["returncode"] == 0:
         r["result"] = json.loads(r["last_line"])
@@ -211,7 +226,7 @@ def main(argv):
   dry = FLAGS.dry_run
   if not (dry or FLAGS.data_dir):
     raise app.UsageError("--data_dir is required (a directory prepared by electra-prepare), or --dry_run")
-  for flag, known in (("steps", STEPS), ("bench_attention", ATTENTION)):
+  for flag, known in (("steps", STEPS), ("bench_attention", ATTENTION), ("bench_variants", VARIANTS)):
     unknown = set(FLAGS[flag].value) - set(known)
     if unknown:
       raise app.UsageError(f"unknown --{flag} {', '.join(sorted(unknown))}: choose from {', '.join(known)}")
@@ -254,12 +269,17 @@ def main(argv):
     runs, profiles = [], {}
     for name, args in specs:
       for impl in FLAGS.bench_attention:
-        extra = ATTENTION[impl]
-        trace = out / "profiles" / f"{name}_{impl}"
-        runs.append(run.json_command(f"bench_{name}_{impl}", [py, "-m", "electra_jax.bench", *args, *extra, *timing,
-                                                             *([f"--profile={trace}"] if FLAGS.profile else [])]))
-        if FLAGS.profile and "result" in runs[-1]:
-          profiles[f"{name}_{impl}"] = trace_top(f"{name}_{impl}", trace, runs[-1]["result"]["profile_steps"])
+        for variant in FLAGS.bench_variants:
+          xla_flags, overrides = VARIANTS[variant]
+          key = f"{name}_{impl}" + ("" if variant == "default" else f"_{variant}")
+          trace = out / "profiles" / key
+          runs.append(run.json_command(f"bench_{key}", [py, "-m", "electra_jax.bench", *args, *ATTENTION[impl],
+                                                         *overrides, *timing,
+                                                         *([f"--profile={trace}"] if FLAGS.profile else [])],
+                                       xla_flags=tuple(xla_flags)))
+          runs[-1]["variant"] = variant
+          if FLAGS.profile and "result" in runs[-1]:
+            profiles[key] = trace_top(key, trace, runs[-1]["result"]["profile_steps"])
     return dict(all_ok(runs), profiles=profiles)
 
   def peer():
@@ -347,17 +367,17 @@ def summary(results: dict) -> str:
               f"{env.get('python')}; missing modules: {', '.join(env.get('missing', [])) or 'none'}; import errors: "
               f"{'; '.join(f'{k}: {v}' for k, v in env.get('import_errors', {}).items()) or 'none'}; TensorFlow "
               f"imported: {env.get('tensorflow_imported')}."]
-  ours = [r["result"] for r in figures("bench").get("runs", []) if "result" in r]
+  ours = [(r.get("variant", "default"), r["result"]) for r in figures("bench").get("runs", []) if "result" in r]
   if ours:
     lines += ["", "## Training step (electra-bench)", ""]
-    lines += _table(["config", "attention", "batch × seq", "dtype", "step ms", "tokens/s", "as the loop drives it",
-                     "TFLOP/s/device", "MFU", "peak GiB"], [
-        [b["config"], b["attention_impl"], f"{b['batch']} × {b['seq_len']}", b["dtype"],
+    lines += _table(["config", "attention", "variant", "batch × seq", "dtype", "step ms", "tokens/s",
+                     "as the loop drives it", "fusions", "TFLOP/s/device", "MFU", "peak GiB"], [
+        [b["config"], b["attention_impl"], variant, f"{b['batch']} × {b['seq_len']}", b["dtype"],
          f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}",
-         f"{b['loop_step_time_s'] * 1e3:.2f} ms" if "loop_step_time_s" in b else "—",
+         f"{b['loop_step_time_s'] * 1e3:.2f} ms" if "loop_step_time_s" in b else "—", b.get("fusions", "—"),
          _fmt(b["tflops_per_device"], ".1f"),
          _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f")]
-        for b in ours])
+        for variant, b in ours])
   traced = dict(figures("bench").get("profiles", {}), **{"the pre-training loop": figures("pretrain").get("profile")})
   for name, top in traced.items():
     if isinstance(top, dict):
@@ -420,6 +440,8 @@ if __name__ == "__main__":
                     "(configs/NAME.py at that batch and sequence length), comma-separated.")
   flags.DEFINE_list("bench_attention", list(ATTENTION), "The attention paths bench times: einsum (the paper's, with "
                     "attention dropout), fused (jax.nn.dot_product_attention, attention dropout 0).")
+  flags.DEFINE_list("bench_variants", ["default"], "What each bench run is timed under, one run each: "
+                    f"{', '.join(VARIANTS)} (XLA flags and config overrides: VARIANTS in this file).")
   flags.DEFINE_integer("bench_steps", 50, "Timed steps per bench or peer run (after 3 warm-up steps).")
   flags.DEFINE_list("finetune_seeds", ["0"], "Fine-tuning seeds (each runs the export and random init per task).")
   flags.DEFINE_list("steps", list(STEPS), f"Steps to run, in this order: {', '.join(STEPS)} (install needs --wheels; "

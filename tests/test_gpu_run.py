@@ -173,6 +173,7 @@ def test_bench_and_peer_figures(dry_run):
     assert r["tokens_per_sec"] > 0 and r["step_time_s"] > 0 and r["dtype"] == "bfloat16"
     assert r["loop_tokens_per_sec"] > 0 and r["loop_step_time_s"] > 0
     assert (r["config"], r["batch"], r["seq_len"]) == ("tiny", 8, 64)
+    assert r["param_arrays"] == 48 and 0 < r["fusions"] < r["hlo_instructions"]
   # each run traced, and its device time split by op: shares of one total, classes covering it all
   profiles = results["steps"]["bench"]["figures"]["profiles"]
   assert sorted(profiles) == ["tiny_8x64_einsum", "tiny_8x64_fused"]
@@ -269,6 +270,8 @@ def test_usage_errors_and_help():
   assert "unknown --steps benchh" in _gpu_run("--dry_run", "--steps=benchh").stderr
   assert "unknown --bench_attention flash: choose from einsum, fused" in _gpu_run(
       "--dry_run", "--bench_attention=fused,flash").stderr
+  assert "unknown --bench_variants cuda_graphs: choose from default, per_array" in _gpu_run(
+      "--dry_run", "--bench_variants=per_array,cuda_graphs").stderr
 
 
 @pytest.mark.parametrize("minutes, step_time, max_steps, expected", [
