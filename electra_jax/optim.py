@@ -9,19 +9,17 @@
 The two differ mostly in the first few thousand steps: without bias correction Adam's first steps are larger (m is
 small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
 
-Either runs over one flat vector (train.flat_update, where the mesh does not split the weights): the gradient's global
-norm is one reduction and Adam's moments and update a few kernels over all weights, not a few per weight array (an
-encoder has hundreds); on a GPU, where each kernel costs a launch, that is most of the update's time. The moments
-are then two flat vectors in the checkpoint, a layout of its own (checkpoints.py names the switch when they differ).
+Either can run clipping and Adam over one flat vector of all weights (train.flat_update, where the mesh does not split
+the weights, optax.flatten): the gradient's global norm is one reduction and Adam's moments a few kernels over all
+weights, not a few per weight array (an encoder has hundreds); on a GPU, where each kernel costs a launch, that is
+most of the update's time. The moments are then two flat vectors in the checkpoint, a layout of its own
+(checkpoints.py names the switch when they differ).
 """
-from typing import Callable
-
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.flatten_util import ravel_pytree
 
 OPTIMIZERS = ("adamw", "official")
 
@@ -69,25 +67,6 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
   return optax.GradientTransformation(init, update)
 
 
-def flattened(recipe: Callable, weight_decay: float, mask) -> optax.GradientTransformation:
-  """recipe(weight_decay, mask) over one flat vector of all parameters, whose updates come back as the parameters'
-  tree. Its weight decay is per element (`weight_decay` where `mask` says an array decays, 0 elsewhere), built in
-  the step from the tree's shapes, so no vector of rates is stored."""
-  def rates(params):
-    params = flax.linen.meta.unbox(params)
-    return weight_decay * ravel_pytree(jax.tree.map(lambda m, p: jnp.full(p.shape, m, p.dtype), mask(params),
-                                                    params))[0]
-
-  def init(params):
-    return recipe(weight_decay, None).init(ravel_pytree(params)[0])  # the decay's state does not depend on its rate
-
-  def update(updates, state, params=None):
-    flat, unravel = ravel_pytree(updates)
-    flat, state = recipe(rates(params), None).update(flat, state, ravel_pytree(params)[0])
-    return unravel(flat), state
-  return optax.GradientTransformation(init, update)
-
-
 def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> bool:
   """Whether the update runs flat: as train.flat_update (`wanted`) asks, where every device holds the whole weights
   (mesh.fsdp 1); a flat vector cannot follow the weights' split over fsdp."""
@@ -102,19 +81,17 @@ def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: in
   name = train.get("optimizer", "adamw")
   if name not in OPTIMIZERS:
     raise ValueError(f"train.optimizer={name!r}: expected one of {', '.join(OPTIMIZERS)}")
-  if name == "adamw":
+  if name == "adamw":  # optax.adamw's chain, spelt out so the flat update can take its direction alone
     schedule = learning_rate_schedule(train.learning_rate, int(warmup_steps), total_steps)
-    recipe = lambda decay, mask: optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
-                                             weight_decay=decay, mask=mask)
+    direction = optax.scale_by_adam(train.adam_b1, train.adam_b2, train.adam_eps)
   else:
     schedule = official_schedule(train.learning_rate, warmup_steps, total_steps)
-    recipe = lambda decay, mask: optax.chain(scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps),
-                                             optax.add_decayed_weights(decay, mask),
-                                             optax.scale_by_learning_rate(schedule))
+    direction = scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps)
   clip = optax.clip_by_global_norm(train.clip_norm)
-  if flat:
-    return flattened(lambda decay, mask: optax.chain(clip, recipe(decay, mask)), train.weight_decay, mask), schedule
-  return optax.chain(clip, recipe(train.weight_decay, mask)), schedule
+  decay_and_rate = (optax.add_decayed_weights(train.weight_decay, mask), optax.scale_by_learning_rate(schedule))
+  if flat:  # the decay and the rate per array, where they fuse with the weights' own update
+    return optax.chain(optax.flatten(optax.chain(clip, direction)), *decay_and_rate), schedule
+  return optax.chain(clip, optax.chain(direction, *decay_and_rate)), schedule
 
 
 def pretraining(train: ml_collections.ConfigDict, flat: bool = False):
