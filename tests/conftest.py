@@ -22,7 +22,9 @@ os.environ.update(pretrain_cli.compile_cache(os.environ.get("JAX_COMPILATION_CAC
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from electra_jax import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from electra_jax import console, sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+console.choose_platforms()  # as every command does: no TPU start-up (libtpu's lines) in the workers on a CPU host
 
 sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
 
