@@ -158,10 +158,12 @@ def test_a_failed_save_on_gcs_is_saved_again(tmp_path, monkeypatch, where):
     ckpt.close()
 
 
-def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path):
+def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path, monkeypatch):
   """gcsfs begins every upload with a resumable session; a store restarted between the session's start and its data
   no longer knows it (404: FileNotFoundError). outage.restart_lost_uploads has gcsfs start it again."""
-  from gcsfs.core import GCSFileSystem  # pylint: disable=g-import-not-at-top  (not the zonal-bucket probing one)
+  # As storage.initialize does, before gcsfs is first imported: no Storage Control probe of each bucket.
+  monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+  from gcsfs.core import GCSFileSystem  # pylint: disable=g-import-not-at-top
   from electra_jax import outage  # pylint: disable=g-import-not-at-top
   store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
   try:
