@@ -319,7 +319,7 @@ def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None =
       layout = lambda flat: "as one flat vector" if flat else "per weight array"
       raise ValueError(f"{where} holds its optimiser state {layout(flat)}, this run {layout(not flat)}: resume with "
                        f"--config.train.flat_update={flat} (optim.py; a flat update also needs mesh.fsdp=1)")
-    name = differ[0][0]
+    name = next(n for n, _ in differ if not n.startswith("opt_state."))  # a weight says more than a moment
     raise OtherModelError(where, name, saved.get(name), wanted.get(name), saved_config)
 
 

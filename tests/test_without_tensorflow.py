@@ -57,7 +57,8 @@ def not_in_base_install() -> list[str]:
 # The library behind every command after electra-prepare, and the commands (they define no flag at import).
 AFTER_PREPARE = ("electra_jax.pretrain.loop", "electra_jax.pretrain.experiment", "electra_jax.finetune.loop",
                  "electra_jax.weights", "electra_jax.hf.directory", "electra_jax.data.input_pipeline", "electra_jax.prepare",
-                 "electra_jax.pretrain.__main__", "electra_jax.export", "electra_jax.bench", "electra_jax.finetune.__main__")
+                 "electra_jax.pretrain.__main__", "electra_jax.export", "electra_jax.bench", "electra_jax.finetune.__main__",
+                 "electra_jax.check")
 PRETRAIN = ("--config.train.log_every=5", "--config.train.eval_every=10", "--config.train.checkpoint_every=10")
 FINETUNE = ("--config=configs/finetune/sentiment.py", "--config.task.num_epochs=0.04", "--config.train.log_every=3",
             "--config.seq_len=32", "--config.train.min_steps=0", "--config.task.dev_fraction=0")
