@@ -318,7 +318,8 @@ def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None =
       flat = count(saved) < count(wanted)
       layout = lambda flat: "as one flat vector" if flat else "per weight array"
       raise ValueError(f"{where} holds its optimiser state {layout(flat)}, this run {layout(not flat)}: resume with "
-                       f"--config.train.flat_update={flat} (optim.py; a flat update also needs mesh.fsdp=1)")
+                       f"--config.train.flat_update={flat} (optim.py; a flat update runs only with mesh.fsdp=1, on "
+                       "GPUs or CPUs)")
     name = next(n for n, _ in differ if not n.startswith("opt_state."))  # a weight says more than a moment
     raise OtherModelError(where, name, saved.get(name), wanted.get(name), saved_config)
 

@@ -10,9 +10,9 @@ The two differ mostly in the first few thousand steps: without bias correction A
 small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
 
 Either can run clipping and Adam over one flat vector of all weights (train.flat_update, where the mesh does not split
-the weights, optax.flatten): the gradient's global norm is one reduction and Adam's moments a few kernels over all
-weights, not a few per weight array (an encoder has hundreds); on a GPU, where each kernel costs a launch, that is
-most of the update's time. The moments are then two flat vectors in the checkpoint, a layout of its own
+the weights, on GPUs and CPUs; optax.flatten): the gradient's global norm is one reduction and Adam's moments a few
+kernels over all weights, not a few per weight array (an encoder has hundreds); on a GPU, where each kernel costs a
+launch, that is most of the update's time. The moments are then two flat vectors in the checkpoint, a layout of its own
 (checkpoints.py names the switch when they differ).
 """
 import flax
@@ -69,8 +69,10 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
 
 def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> bool:
   """Whether the update runs flat: as train.flat_update (`wanted`) asks, where every device holds the whole weights
-  (mesh.fsdp 1); a flat vector cannot follow the weights' split over fsdp."""
-  return bool(wanted) and mesh.shape["fsdp"] == 1
+  (mesh.fsdp 1; a flat vector cannot follow the weights' split over fsdp), and not on TPUs, where XLA fuses the
+  per-array update well and the flat one's copies cost more (by the v3-8 cost model, Small's data-parallel step takes
+  8.9 ms flat against 7.4 per array: docs/tpu.md)."""
+  return bool(wanted) and mesh.shape["fsdp"] == 1 and mesh.devices.flat[0].platform != "tpu"
 
 
 def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask,

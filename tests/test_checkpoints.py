@@ -242,8 +242,8 @@ def test_restore_reshards_onto_another_mesh(tiny_data, straight):
   abstract = exp.sharded.abstract()
   restored = ckpt.restore({"params": abstract.params, "step": abstract.step})
   with pytest.raises(ValueError, match=r"checkpoints/8 holds its optimiser state as one flat vector, this run per "
-                     r"weight array: resume with --config.train.flat_update=True \(optim.py; a flat update also "
-                     r"needs mesh.fsdp=1\)$"):
+                     r"weight array: resume with --config.train.flat_update=True \(optim.py; a flat update runs "
+                     r"only with mesh.fsdp=1, on GPUs or CPUs\)$"):
     ckpt.restore(abstract)
   ckpt.close()
   kernel = restored.state["params"]["discriminator"]["layer_0"]["intermediate"]["kernel"]
