@@ -391,7 +391,7 @@ def summary(results: dict) -> str:
   peers = [r["result"] for r in figures("peer").get("runs", []) if "result" in r]
   if peers:
     def ratio(p, impl):
-      mine = [b["tokens_per_sec"] for b in ours if b["attention_impl"] == impl and
+      mine = [b["tokens_per_sec"] for variant, b in ours if variant == "default" and b["attention_impl"] == impl and
               (b["config"], b["batch"], b["seq_len"]) == (p["config"], p["batch"], p["seq_len"])]
       return _fmt(mine[0] / p["tokens_per_sec"], ".2f") if mine else "—"
     lines += ["", "## HF-PyTorch peer (same shapes; ratios: ours ÷ peer)", ""]

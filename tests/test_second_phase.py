@@ -134,7 +134,7 @@ def test_init_from_state_refuses_what_it_cannot_continue(tiny_data, tmp_path):
   cases = [("", "electra", "train.init_from_state needs train.init_from"),
            (str(tmp_path / "export"), "electra", "export is a params export, which holds no optimiser state"),
            (str(tmp_path / "hf"), "electra", "hf is an HF directory, which holds no optimiser state"),
-           (source, "mlm", r"source does not fit this config at opt_state\..*Adam's moments have the parameters'")]
+           (source, "mlm", r"source does not fit this config at params\..*Adam's moments have the parameters'")]
   for init_from, objective, message in cases:
     config.train.update(init_from=init_from, init_from_state=True)
     config.objective.name = objective
