@@ -26,6 +26,7 @@ OUTPUT/summary.md the same as tables. Running again with --steps=a,b re-runs tho
 keeps the other steps' results, so the chain can be split across several commands.
 """
 import collections
+import concurrent.futures
 import glob
 import json
 import os
@@ -55,6 +56,10 @@ VARIANTS = {
     "temp_color": (["--xla_gpu_temp_buffer_use_separate_color=true"], []),
     "no_command_buffers_per_array": (["--xla_gpu_enable_command_buffer="], ["--config.train.flat_update=False"]),
 }
+STARTED = time.time()
+FINETUNE_TASKS = ("sentiment", "trec")  # studies/finetune_demo.py's demo tasks
+EXPORT_S = 45  # of --total_minutes, kept for the export after pre-training
+MIN_BOX_S = 240  # the least pre-training box --total_minutes leaves
 TIMEOUT_S = 900  # any one command but pre-training, which has its deadline
 GRACE_S = 120  # after SIGTERM: time to save and exit before SIGKILL
 STARTUP_S = 180  # of the pre-training time box: start-up, compiling (Small's step: 54-81 s on an H200), evaluation
@@ -104,12 +109,12 @@ class Run:
     # This interpreter's scripts first: launch/gpu.sh starts the electra-pretrain installed beside it.
     self.env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), self.env.get("PATH", "")])
 
-  def command(self, name: str, cmd: list[str], deadline_s: float = TIMEOUT_S, xla_flags: tuple[str, ...] = ()
-              ) -> dict:
-    """Runs `cmd` with stdout/stderr to logs/NAME.out/.err, `xla_flags` added to XLA_FLAGS; SIGTERM after
-    deadline_s, SIGKILL GRACE_S later."""
+  def command(self, name: str, cmd: list[str], deadline_s: float = TIMEOUT_S, xla_flags: tuple[str, ...] = (),
+              env: dict | None = None) -> dict:
+    """Runs `cmd` with stdout/stderr to logs/NAME.out/.err, `xla_flags` added to XLA_FLAGS and `env` to the
+    environment; SIGTERM after deadline_s, SIGKILL GRACE_S later."""
     t0 = time.time()
-    env = dict(self.env, XLA_FLAGS=" ".join([*xla_flags, self.env.get("XLA_FLAGS", "")]).strip())
+    env = dict(self.env, **(env or {}), XLA_FLAGS=" ".join([*xla_flags, self.env.get("XLA_FLAGS", "")]).strip())
     with open(self.out / "logs" / f"{name}.out", "w") as out, open(self.out / "logs" / f"{name}.err", "w") as err:
       proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
       stopped = False
@@ -230,6 +235,9 @@ def main(argv):
     unknown = set(FLAGS[flag].value) - set(known)
     if unknown:
       raise app.UsageError(f"unknown --{flag} {', '.join(sorted(unknown))}: choose from {', '.join(known)}")
+  if FLAGS.pretrain_variant not in ("fastest", *VARIANTS):
+    raise app.UsageError(f"unknown --pretrain_variant {FLAGS.pretrain_variant}: choose from fastest, "
+                         f"{', '.join(VARIANTS)}")
   out = pathlib.Path(FLAGS.output).resolve()
   run = Run(out)
   py = sys.executable
@@ -293,19 +301,28 @@ def main(argv):
     overrides = list(FLAGS.pretrain_override) + ([f"--config.train.profile_steps={PROFILE_STEPS}"] if FLAGS.profile
                                                  else [])
     impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("--config.model.attention_impl=")), "einsum")
-    measured = [r["result"] for r in run.results["steps"].get("bench", {}).get("figures", {}).get("runs", [])
+    measured = [r for r in run.results["steps"].get("bench", {}).get("figures", {}).get("runs", [])
                 if "result" in r and r["result"]["config"] == pretrain_config.stem and
                 r["result"]["attention_impl"] == impl]
     # The bench's step as the loop drives it, where it has one: the loop's pace, which the bare step can beat.
-    step_time = FLAGS.pretrain_step_time or (measured[0].get("loop_step_time_s", measured[0]["step_time_s"])
-                                             if measured else None)
-    schedule = time_box(FLAGS.pretrain_minutes, step_time, 20 if dry else 0, FLAGS.eval_minutes)
+    pace = lambda r: r["result"].get("loop_step_time_s", r["result"]["step_time_s"])
+    variant = (min(measured, key=pace).get("variant", "default") if measured else "default"
+               ) if FLAGS.pretrain_variant == "fastest" else FLAGS.pretrain_variant
+    xla_flags, variant_overrides = VARIANTS[variant]
+    overrides += variant_overrides
+    timed = [r for r in measured if r.get("variant", "default") == variant]
+    step_time = FLAGS.pretrain_step_time or (pace(timed[0]) if timed else None)
+    minutes = FLAGS.pretrain_minutes
+    if FLAGS.total_minutes:  # what is left of the whole run's box, less the export's share
+      minutes = max(MIN_BOX_S, FLAGS.total_minutes * 60 - (time.time() - STARTED) - EXPORT_S) / 60
+    schedule = time_box(minutes, step_time, 20 if dry else 0, FLAGS.eval_minutes)
     shutil.rmtree(workdir, ignore_errors=True)  # a new time box, not a resumed one
     r = run.command("pretrain", [str(ROOT / "launch" / "gpu.sh"), f"--config={pretrain_config}",
                                  f"--workdir={workdir}", "--", f"--config.data.data_dir={data_dir}",
                                  *[f"--config.train.{k}={v}" for k, v in schedule.items()], *overrides],
-                    deadline_s=FLAGS.pretrain_minutes * 60)
-    figures = dict(bench_step_time_s=step_time, schedule=schedule or "the config's, cut at the deadline", run=r)
+                    deadline_s=minutes * 60, xla_flags=tuple(xla_flags))
+    figures = dict(bench_step_time_s=step_time, variant=variant, minutes=round(minutes, 2),
+                   schedule=schedule or "the config's, cut at the deadline", run=r)
     if r["returncode"] != 0:
       raise StepFailed(f"pretrain exited {r['returncode']}: {run.tail(r['log'])}", figures)
     if FLAGS.profile:
@@ -320,17 +337,30 @@ def main(argv):
   def finetune():
     small = ["--tasks=sentiment", "--labels=64", "--epochs=1", "--min_steps=0"] if dry else []
     shutil.rmtree(out / "finetune", ignore_errors=True)  # no results of an earlier run among this one's
-    r = checked(run.command("finetune", [py, str(ROOT / "studies" / "finetune_demo.py"), f"--init_from={export}",
-                                         f"--pretraining={workdir}", f"--seeds={','.join(FLAGS.finetune_seeds)}",
-                                         f"--workdir={out / 'finetune'}", f"--output={out / 'finetune.md'}",
-                                         *small]))
+    cmd = [py, str(ROOT / "studies" / "finetune_demo.py"), f"--init_from={export}", f"--pretraining={workdir}",
+           f"--workdir={out / 'finetune'}", *small]
+    if FLAGS.finetune_parallel:
+      # One process per task and seed, all at once (a Small fine-tuning run leaves the GPU mostly idle), each given
+      # an equal share of its memory.
+      jobs = [(task, seed) for task in FINETUNE_TASKS for seed in FLAGS.finetune_seeds]
+      share = dict(XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.9 / len(jobs):.3f}")
+      with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        runs = list(pool.map(lambda job: checked(run.command(
+            f"finetune_{job[0]}_{job[1]}", cmd + [f"--tasks={job[0]}", f"--seeds={job[1]}",
+                                                  f"--output={out / f'finetune_{job[0]}_{job[1]}.md'}"], env=share)),
+            jobs))
+      report = "finetune_TASK_SEED.md"
+    else:
+      runs = [checked(run.command("finetune", cmd + [f"--seeds={','.join(FLAGS.finetune_seeds)}",
+                                                     f"--output={out / 'finetune.md'}"]))]
+      report = "finetune.md"
     results = []
     for path in sorted((out / "finetune").glob("*/*/*/*/eval_results.json")):
       task, labels, method, seed = path.parent.relative_to(out / "finetune").parts
       e = json.loads(path.read_text())
       results.append(dict(task=task, labels=labels, method=method.replace("_", " "), seed=seed,
                           **{k: e.get(k) for k in ("accuracy", "f1", "mcc", "num_train", "num_eval")}))
-    return dict(report="finetune.md", results=results, run=r)
+    return dict(report=report, results=results, runs=runs)
 
   fns = dict(install=install, env=env, prepare=prepare, bench=bench, peer=peer, pretrain=pretrain, export=export_step,
              finetune=finetune)
@@ -411,7 +441,7 @@ def summary(results: dict) -> str:
          _fmt(e["eval_disc_precision"]), _fmt(e["eval_mlm_accuracy"])] for e in pre["evals"]])
   ft = figures("finetune")
   if ft.get("results"):
-    lines += ["", f"## Fine-tuning (TF-IDF floor and dev-fold details: [{ft['report']}]({ft['report']}))", ""]
+    lines += ["", f"## Fine-tuning (TF-IDF floor and dev-fold details: {ft['report']})", ""]
     lines += _table(["task", "labels", "init", "seed", "accuracy", "F1", "MCC"], [
         [r["task"], r["labels"], r["method"], r["seed"], _fmt(r["accuracy"]), _fmt(r["f1"]), _fmt(r["mcc"])]
         for r in ft["results"]])
@@ -427,6 +457,11 @@ if __name__ == "__main__":
   flags.DEFINE_string("wheels", None, "First pip install --no-index --no-deps every wheel in this directory, then this "
                       "repository (-e, --no-build-isolation).")
   flags.DEFINE_float("pretrain_minutes", 15.0, "Time box of the ELECTRA-Small pre-training, start-up included.")
+  flags.DEFINE_float("total_minutes", None, "A box for this whole command: pre-training gets what the steps before "
+                     "it left of it, less 45 s for the export (overrides --pretrain_minutes).")
+  flags.DEFINE_string("pretrain_variant", "fastest", "The bench variant pre-training runs under (its XLA flags and "
+                      "overrides): fastest (the least step time as the loop drives it among this --output's bench "
+                      f"runs of the same config and attention; default if none) or one of {', '.join(VARIANTS)}.")
   flags.DEFINE_float("pretrain_step_time", None, "Seconds per step that the pre-training time box is fitted to; "
                      "default: the bench's step as the loop drives it, with the same attention path (from this "
                      "--output's results.json).")
@@ -444,6 +479,9 @@ if __name__ == "__main__":
                     f"{', '.join(VARIANTS)} (XLA flags and config overrides: VARIANTS in this file).")
   flags.DEFINE_integer("bench_steps", 50, "Timed steps per bench or peer run (after 3 warm-up steps).")
   flags.DEFINE_list("finetune_seeds", ["0"], "Fine-tuning seeds (each runs the export and random init per task).")
+  flags.DEFINE_bool("finetune_parallel", False, "One fine-tuning process per demo task and seed, all at once, each "
+                    "with an equal share of the GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION), reports in "
+                    "finetune_TASK_SEED.md.")
   flags.DEFINE_list("steps", list(STEPS), f"Steps to run, in this order: {', '.join(STEPS)} (install needs --wheels; "
                     "prepare runs only with --dry_run without --data_dir).")
   flags.DEFINE_bool("dry_run", False, "The whole chain on CPU: configs/tiny.py, bench and peer at 8 x 64 for 2 steps "

@@ -189,7 +189,7 @@ def test_bench_and_peer_figures(dry_run):
 def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   out, results = dry_run
   pre = results["steps"]["pretrain"]["figures"]
-  assert pre["bench_step_time_s"] > 0  # the schedule came from the bench's einsum step
+  assert pre["bench_step_time_s"] > 0 and pre["variant"] == "default"  # from the bench's fastest einsum run
   assert pre["schedule"]["num_steps"] == 20 and pre["schedule"]["eval_every"] == 10
   assert "launch/gpu.sh" in pre["run"]["command"] and not pre["run"]["stopped_at_deadline"]
   rows = [json.loads(l) for l in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
@@ -272,6 +272,8 @@ def test_usage_errors_and_help():
       "--dry_run", "--bench_attention=fused,flash").stderr
   assert "unknown --bench_variants cuda_graphs: choose from default, per_array" in _gpu_run(
       "--dry_run", "--bench_variants=per_array,cuda_graphs").stderr
+  assert "unknown --pretrain_variant graphs: choose from fastest, default" in _gpu_run(
+      "--dry_run", "--pretrain_variant=graphs").stderr
 
 
 @pytest.mark.parametrize("minutes, step_time, max_steps, expected", [
