@@ -59,7 +59,7 @@ VARIANTS = {
 STARTED = time.time()
 FINETUNE_TASKS = ("sentiment", "trec")  # studies/finetune_demo.py's demo tasks
 EXPORT_S = 45  # of --total_minutes, kept for the export after pre-training
-MIN_BOX_S = 240  # the least pre-training box --total_minutes leaves
+MIN_BOX_S = 150  # the least pre-training box worth starting: start-up and compiling take most of it
 TIMEOUT_S = 900  # any one command but pre-training, which has its deadline
 GRACE_S = 120  # after SIGTERM: time to save and exit before SIGKILL
 STARTUP_S = 180  # of the pre-training time box: start-up, compiling (Small's step: 54-81 s on an H200), evaluation
@@ -314,7 +314,11 @@ def main(argv):
     step_time = FLAGS.pretrain_step_time or (pace(timed[0]) if timed else None)
     minutes = FLAGS.pretrain_minutes
     if FLAGS.total_minutes:  # what is left of the whole run's box, less the export's share
-      minutes = max(MIN_BOX_S, FLAGS.total_minutes * 60 - (time.time() - STARTED) - EXPORT_S) / 60
+      left_s = FLAGS.total_minutes * 60 - (time.time() - STARTED) - EXPORT_S
+      if left_s < MIN_BOX_S:
+        raise StepFailed(f"{left_s:.0f} s left of --total_minutes={FLAGS.total_minutes}: too little to pre-train "
+                         f"(at least {MIN_BOX_S} s)")
+      minutes = left_s / 60
     schedule = time_box(minutes, step_time, 20 if dry else 0, FLAGS.eval_minutes)
     shutil.rmtree(workdir, ignore_errors=True)  # a new time box, not a resumed one
     r = run.command("pretrain", [str(ROOT / "launch" / "gpu.sh"), f"--config={pretrain_config}",
