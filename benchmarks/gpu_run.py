@@ -282,7 +282,7 @@ def main(argv):
           key = f"{name}_{impl}" + ("" if variant == "default" else f"_{variant}")
           trace = out / "profiles" / key
           runs.append(run.json_command(f"bench_{key}", [py, "-m", "electra_jax.bench", *args, *ATTENTION[impl],
-                                                         *overrides, *timing,
+                                                         *overrides, *FLAGS.bench_override, *timing,
                                                          *([f"--profile={trace}"] if FLAGS.profile else [])],
                                        xla_flags=tuple(xla_flags)))
           runs[-1]["variant"] = variant
@@ -481,6 +481,10 @@ if __name__ == "__main__":
                     "attention dropout), fused (jax.nn.dot_product_attention, attention dropout 0).")
   flags.DEFINE_list("bench_variants", ["default"], "What each bench run is timed under, one run each: "
                     f"{', '.join(VARIANTS)} (XLA flags and config overrides: VARIANTS in this file).")
+  flags.DEFINE_multi_string("bench_override", [], "A --config.KEY=VALUE for every bench run (repeatable). Given "
+                            "the pre-training's schedule (--config.train.num_steps, warmup_steps, also passed as "
+                            "--pretrain_override), the bench compiles the very step pre-training runs, and "
+                            "pre-training loads it from the persistent compilation cache instead of compiling it.")
   flags.DEFINE_integer("bench_steps", 50, "Timed steps per bench or peer run (after 3 warm-up steps).")
   flags.DEFINE_list("finetune_seeds", ["0"], "Fine-tuning seeds (each runs the export and random init per task).")
   flags.DEFINE_bool("finetune_parallel", False, "One fine-tuning process per demo task and seed, all at once, each "
