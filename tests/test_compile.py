@@ -76,11 +76,13 @@ def test_finetuning_steps_compile_for_single_and_multi_host_slices(tpu):
 
 @pytest.mark.slow
 def test_a_batch_too_large_for_hbm_ends_in_one_line_naming_one_that_compiles():
-  """A 65536-wide feed-forward layer over 32 tokens: its activations make each row large, so few rows fill a v2 core.
-  Dropout off: the compiles it takes (the miss, one row, the batch it names, then that batch again here) are the
-  test's time, and dropout's random bits add to each of them."""
-  flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=32",
-           "--config.model.intermediate_size=65536", "--config.model.dropout_rate=0",
+  """A 262144-wide feed-forward layer over 32 tokens: its activations make each row large, so few rows fill a v2 core.
+  The compiles it takes (the miss, one row, the batch it names, then that batch again here) are the test's time, and
+  TPU compile time grows with what the plan holds, not only with its bytes: dropout off (its random bits), a
+  256-piece vocabulary (the generator's logits and sampling over 2000 pieces doubled the time of each fitting compile)
+  and few wide rows (144 fit) rather than many narrow ones halved the test's time."""
+  flags = ["--config=configs/tiny.py", "--tpu=v2-8", "--config.data.seq_len=32", "--config.data.vocab_size=256",
+           "--config.model.intermediate_size=262144", "--config.model.dropout_rate=0",
            "--config.model.attention_dropout_rate=0", "--config.train.batch_size=8192"]
   failed = compile_command(*flags, check=False)
   helpers.assert_one_line_error(failed, "electra-compile: error: configs/tiny.py's train step needs ")
