@@ -85,12 +85,24 @@ xla_accepts() {
 # JAX preallocates 75% of each GPU; the trainer is alone on them, so 90% leaves room for larger batches while keeping
 # headroom for cuDNN/NCCL workspaces, which live outside JAX's pool. A value already in the environment wins.
 envs=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}")
+# GPUs this process drives: --gpus, else CUDA_VISIBLE_DEVICES, else what nvidia-smi lists (0: unknown).
+if [[ -n $GPUS || -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+  IFS=, read -ra visible <<<"${GPUS:-$CUDA_VISIBLE_DEVICES}"
+  NUM_GPUS=${#visible[@]}
+elif command -v nvidia-smi >/dev/null; then
+  NUM_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+else
+  NUM_GPUS=0
+fi
 # The latency-hiding scheduler overlaps the data/fsdp collectives (gradient reduce, parameter gather) with compute;
-# XLA leaves it off by default. Flags already in XLA_FLAGS come after ours, so they win.
-wanted_xla_flags=(--xla_gpu_enable_latency_hiding_scheduler=true)
+# XLA leaves it off by default. One GPU has no collectives: there the flag would only compile another program than
+# the one electra-bench times (and miss the compilation cache it filled). Flags already in XLA_FLAGS come after
+# ours, so they win.
+wanted_xla_flags=()
+((NUM_NODES == 1 && NUM_GPUS < 2)) || wanted_xla_flags+=(--xla_gpu_enable_latency_hiding_scheduler=true)
 PYTHON_FOR_JAX=$(python_for_jax)
 xla_flags=()
-for flag in "${wanted_xla_flags[@]}"; do
+for flag in ${wanted_xla_flags[@]+"${wanted_xla_flags[@]}"}; do
   if xla_accepts "$flag"; then
     xla_flags+=("$flag")
   else

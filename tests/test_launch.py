@@ -416,13 +416,28 @@ def test_spot_watch_retries_failures_without_recreating_a_healthy_vm(launcher):
 
 
 def test_gpu_dry_run_one_node(launcher, path_without_gcloud):
-  result = launcher.ok(GPU, "--dry-run", "--workdir=/runs/small", "--", "--config.train.batch_size=64",
+  result = launcher.ok(GPU, "--dry-run", "--workdir=/runs/small", "--gpus=0,1", "--", "--config.train.batch_size=64",
                        PATH=path_without_gcloud, ELECTRA_PYTHON=sys.executable)
   assert shlex.split(result.stdout) == [
       "env", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.90", "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true",
-      "electra-pretrain", "--config=configs/small.py", "--workdir=/runs/small", "--config.train.batch_size=64",
+      "CUDA_VISIBLE_DEVICES=0,1", "electra-pretrain", "--config=configs/small.py", "--workdir=/runs/small",
+      "--config.train.batch_size=64",
   ]
   assert not launcher.pretrain_out.exists()
+
+
+@pytest.mark.parametrize("gpus, listed, flag", [
+    (["--gpus=3"], "GPU 0: A\\nGPU 1: B\\n", False), ([], "GPU 0: NVIDIA H200 (UUID: GPU-0)\\n", False),
+    ([], "GPU 0: A\\nGPU 1: B\\n", True)])
+def test_gpu_one_gpu_runs_the_program_the_bench_times(launcher, path_without_gcloud, gpus, listed, flag):
+  """No collectives on one GPU (--gpus, else the GPUs nvidia-smi lists): no latency-hiding flag, nor its check."""
+  bin_dir = launcher.tmp / "smi_bin"
+  bin_dir.mkdir()
+  _write_executable(bin_dir / "nvidia-smi", f"#!/bin/sh\nprintf '{listed}'\n")
+  result = launcher.ok(GPU, "--dry-run", "--workdir=/runs/small", *gpus, ELECTRA_PYTHON=sys.executable,
+                       PATH=f"{bin_dir}{os.pathsep}{path_without_gcloud}")
+  assert ("XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in result.stdout) == flag, result.stdout
+  assert "electra-pretrain --config=configs/small.py" in result.stdout and result.stderr == ""
 
 
 def test_gpu_dry_run_several_nodes(launcher):
@@ -464,7 +479,7 @@ def test_gpu_leaves_out_xla_flags_the_jaxlib_refuses(launcher, user_flags, expec
   env = dict(ELECTRA_PYTHON=str(python), FAKE_PYTHON_LOG=str(launcher.tmp / "python.jsonl"))
   if user_flags:
     env["XLA_FLAGS"] = user_flags
-  result = launcher.ok(GPU, "--workdir=/runs/x", **env)
+  result = launcher.ok(GPU, "--workdir=/runs/x", "--gpus=0,1", **env)
   assert result.stderr == ("gpu.sh: leaving out XLA flag --xla_gpu_enable_latency_hiding_scheduler=true: the jaxlib "
                            f"of {python} does not accept it (or jax does not import there)\n")
   [asked] = [json.loads(l) for l in (launcher.tmp / "python.jsonl").read_text().splitlines()]
