@@ -281,8 +281,10 @@ def main(argv):
           xla_flags, overrides = VARIANTS[variant]
           key = f"{name}_{impl}" + ("" if variant == "default" else f"_{variant}")
           trace = out / "profiles" / key
+          # The pre-training's config reads the pre-training's data, as the training stream does (the loop's pace).
+          data = [f"--data_dir={data_dir}"] if name.split("_")[0] == pretrain_config.stem else []
           runs.append(run.json_command(f"bench_{key}", [py, "-m", "electra_jax.bench", *args, *ATTENTION[impl],
-                                                         *overrides, *FLAGS.bench_override, *timing,
+                                                         *overrides, *FLAGS.bench_override, *data, *timing,
                                                          *([f"--profile={trace}"] if FLAGS.profile else [])],
                                        xla_flags=tuple(xla_flags)))
           runs[-1]["variant"] = variant
@@ -325,6 +327,10 @@ def main(argv):
                                  f"--workdir={workdir}", "--", f"--config.data.data_dir={data_dir}",
                                  *[f"--config.train.{k}={v}" for k, v in schedule.items()], *overrides],
                     deadline_s=minutes * 60, xla_flags=tuple(xla_flags))
+    for o in overrides:  # what ran: an override comes after the box's schedule on the command line, and wins
+      key, _, value = o.removeprefix("--config.train.").partition("=")
+      if o.startswith("--config.train.") and key in schedule:
+        schedule[key] = int(value)
     figures = dict(bench_step_time_s=step_time, variant=variant, minutes=round(minutes, 2),
                    schedule=schedule or "the config's, cut at the deadline", run=r)
     if r["returncode"] != 0:
@@ -405,12 +411,14 @@ def summary(results: dict) -> str:
   if ours:
     lines += ["", "## Training step (electra-bench)", ""]
     lines += _table(["config", "attention", "variant", "batch × seq", "dtype", "step ms", "tokens/s",
-                     "as the loop drives it", "fusions", "TFLOP/s/device", "MFU", "peak GiB"], [
+                     "as the loop drives it", "fusions", "TFLOP/s/device", "MFU", "peak GiB", "init s",
+                     "compile s"], [
         [b["config"], b["attention_impl"], variant, f"{b['batch']} × {b['seq_len']}", b["dtype"],
          f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}",
          f"{b['loop_step_time_s'] * 1e3:.2f} ms" if "loop_step_time_s" in b else "—", b.get("fusions", "—"),
          _fmt(b["tflops_per_device"], ".1f"),
-         _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f")]
+         _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f"),
+         _fmt(b.get("init_s"), ".1f"), _fmt(b["compile_s"], ".1f")]
         for variant, b in ours])
   traced = dict(figures("bench").get("profiles", {}), **{"the pre-training loop": figures("pretrain").get("profile")})
   for name, top in traced.items():

@@ -10,7 +10,8 @@ steps with one block_until_ready at the end of the window. Batches are pre-place
 [CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
 ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
 (loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
-steps late): the difference is what the host costs. It also counts what the compiled step is made of (parameter
+steps late; with --data_dir, read from the dataset as the training stream reads it): the difference is what the
+host costs. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter
 arrays, instructions, fusions: on a GPU each fusion is a kernel launch). FLOPs, TFLOP/s and MFU come from
 electra_jax.flops. The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu,
 memory, fusions, ...).
@@ -133,12 +134,15 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   from electra_jax import flops, loop  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
-  state = exp.sharded.init(rng)
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(exp.sharded.init(rng))
+  init_s = time.perf_counter() - t0  # compiling the initialisation, mostly: part of every fresh run's start-up
   host = host_batches(config, special, prepared)
   batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()} for b in host]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
-  result = dict(compile_s=time.perf_counter() - t0, **memory_report(compiled), **kernel_counts(compiled, state))
+  result = dict(init_s=init_s, compile_s=time.perf_counter() - t0, **memory_report(compiled),
+                **kernel_counts(compiled, state))
   for i in range(warmup):
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready(state)
@@ -149,9 +153,11 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   seconds = time.perf_counter() - t0
   # As the training loop drives it (loop.py): the jitted step (not the compiled object), batches placed on the
   # devices ahead by input_pipeline.OnDevice's thread, each step's loss read two steps late, the garbage collector
-  # frozen. Where this is slower than the window above, the host sets the pace.
+  # frozen; with prepared data, read and parsed as they are needed by the training stream's own threads. Where this
+  # is slower than the window above, the host sets the pace.
   state, step_metrics = exp.step(state, batches[0], rng)  # fills jit's own cache (the compilation cache loads it)
-  placed = input_pipeline.OnDevice(itertools.cycle(host), exp.sharded.batch)
+  stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
+  placed = input_pipeline.OnDevice(stream, exp.sharded.batch)
   pending = collections.deque([step_metrics])
   loop.collect(started=True, scheduled=False)
   t0 = time.perf_counter()
@@ -231,7 +237,8 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
     result.update(time_pipeline(config, prepared, pipeline_batches))
   print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention "
         f"({result['attention_kernel']}) on "
-        f"{result['num_devices']} x {device.device_kind}  compile {result['compile_s']:.1f} s  "
+        f"{result['num_devices']} x {device.device_kind}  init {result['init_s']:.1f} s  "
+        f"compile {result['compile_s']:.1f} s  "
         f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
         f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms)  "
         f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "

@@ -171,7 +171,7 @@ def test_bench_and_peer_figures(dry_run):
   assert sorted(r["attention_impl"] for r in ours) == ["einsum", "fused"]
   for r in ours:
     assert r["tokens_per_sec"] > 0 and r["step_time_s"] > 0 and r["dtype"] == "bfloat16"
-    assert r["loop_tokens_per_sec"] > 0 and r["loop_step_time_s"] > 0
+    assert r["loop_tokens_per_sec"] > 0 and r["loop_step_time_s"] > 0 and r["init_s"] > 0 and r["compile_s"] > 0
     assert (r["config"], r["batch"], r["seq_len"]) == ("tiny", 8, 64)
     assert r["param_arrays"] == 48 and 0 < r["fusions"] < r["hlo_instructions"]
   # each run traced, and its device time split by op: shares of one total, classes covering it all
