@@ -149,6 +149,7 @@ class Sharded:
   batch: jax.sharding.NamedSharding
   replicated: jax.sharding.NamedSharding
   init: Callable[[jax.Array], Any]  # rng -> the TrainState, placed
+  shapes: Any  # the TrainState's ShapeDtypeStructs
 
   def jit_step(self, fn: Callable) -> Callable:
     """fn(state, batch, rng) -> (state, metrics), jitted once: the state donated and kept in place, metrics
@@ -170,7 +171,7 @@ class Sharded:
 
   def abstract(self):
     """The state as ShapeDtypeStructs carrying its shardings: what a checkpoint is restored onto."""
-    return abstract(jax.eval_shape(self.init, jax.random.key(0)), self.state)
+    return abstract(self.shapes, self.state)
 
 
 def abstract(tree, shardings):

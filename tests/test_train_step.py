@@ -108,3 +108,24 @@ def test_whole_word_masking_reaches_the_step(tiny_data):
                             jax.random.key(1))
   it.close()
   assert int(state.step) == 1 and np.isfinite(float(metrics["loss"])) and float(metrics["mlm_loss"]) > 0
+
+
+def test_state_initialised_on_the_host_equals_the_devices(monkeypatch):
+  """A GPU mesh's state is initialised on the host's CPU and copied over (state._host_for): the same values, placed
+  as the devices' own init places them. Here the host is the CPU device the mesh's first shard lives on."""
+  from electra_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  c = config_lib.base("tiny")
+  c.model.num_layers = 1
+  c.data.update(vocab_size=256, seq_len=32)
+  c.mesh.update(data=2, fsdp=4)
+  on_devices = experiment.create(c, SpecialIds()).sharded.init(jax.random.key(5))
+  monkeypatch.setattr(state_lib, "_host_for", lambda mesh: jax.devices()[0])
+  init = experiment.create(c, SpecialIds()).sharded.init
+  assert init.__name__ == "init_via_host"  # not the devices' own jitted init
+  via_host = init(jax.random.key(5))
+  assert jax.tree.structure(via_host) == jax.tree.structure(on_devices)
+  for a, b in zip(jax.tree.leaves(via_host), jax.tree.leaves(on_devices)):
+    assert a.sharding == b.sharding and a.dtype == b.dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kernel = via_host.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
+  assert kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // 4  # split over fsdp, not replicated
