@@ -34,7 +34,7 @@ def create(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransforma
 
 def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:
   """`init(rng)` jitted, its outputs placed per `shardings`: computed on the devices themselves, or, given a `host`
-  device, computed there and copied to them (the same values, from the same random bits)."""
+  device, computed there and copied to them (from the same random bits: on the same backend, the same values)."""
   if host is None:
     return jax.jit(init, out_shardings=shardings)
   on_host = jax.jit(init, out_shardings=jax.sharding.SingleDeviceSharding(host))
