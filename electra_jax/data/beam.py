@@ -1,6 +1,6 @@
 """electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
-transform, run by Beam's DirectRunner on this host's cores (LOCAL_RUNNERS: runners on other machines, Dataflow's,
-would need the shards written to Cloud Storage, which ArrayRecord's writer cannot do yet).
+transform, run by any Beam runner: DirectRunner on this host's cores, or a cluster's (Dataflow's), whose workers see
+Cloud Storage but not this host's disk.
 
 The launching host lists the corpus's parts (files, TFDS shards: corpus.Corpus.parts) and trains the tokenizer on a
 bounded sample, as the single-host path does; the workers read the parts, each only its own, then split sentences,
@@ -8,6 +8,11 @@ tokenize and pack each document; TFDS's Beam writer shuffles the examples and wr
 index, which fixes its split and its packing randomness, is its part's offset (a first pass counts each part's
 documents) plus its place in the part, so the examples, their keys and hence the dataset are the single-host path's
 (pretraining.keyed_examples). The per-split stats of metadata.json are summed in the pipeline too.
+
+TFDS's Beam writer writes each shard on a worker, through the builder's example writer (_ShardWriter), into the
+dataset's directory: a local one, or on gs:// (build.py). ArrayRecord's writer takes local paths only, so the worker
+writes the shard to a local file, records its size and CRC-32 beside the shard, and copies it there; the launcher
+gathers those records into metadata.json (integrity.py) without reading a shard back.
 """
 import json
 import os
@@ -19,22 +24,27 @@ import apache_beam as beam
 from apache_beam.options import pipeline_options
 from apache_beam.runners import runner as runner_lib
 from etils import epath
+import tensorflow_datasets as tfds
 
+from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import integrity
 from electra_jax.data import packing
 from electra_jax.data import pretraining
 
 
-# Runners whose workers are processes of this host: they write the shards where the builder is, a local directory
-# (a gs:// data_dir's dataset is built locally, then uploaded, as on the single-host path).
+# Runners whose workers are processes of this host; the others' workers see gs:// but not this host's disk.
 LOCAL_RUNNERS = ("SwitchingDirectRunner", "BundleBasedDirectRunner", "FnApiRunner")
+_RECORD = ".integrity.json"  # beside a shard on the Beam path: its integrity.file_record, until metadata.json has it
 _DATA_ERROR = f"{corpus_lib.DataError.__module__}.{corpus_lib.DataError.__name__}: "  # as a traceback's last line
 
 
-def options(text: str) -> pipeline_options.PipelineOptions:
+def options(text: str, data) -> pipeline_options.PipelineOptions:
   """--beam_pipeline_options's "name=value,..." (the form of TFDS's own flag) as Beam's options. A runner or an option
-  Beam does not know is a one-line ValueError (Beam itself would drop an unknown option with a warning)."""
+  Beam does not know is a one-line ValueError (Beam itself would drop an unknown option with a warning), and so is a
+  runner on other machines given a local data.data_dir or data.text_files (`data`: the config's), which its workers
+  cannot see."""
   flags = [f"--{item.strip()}" for item in text.split(",") if item.strip()]
   parsed = pipeline_options.PipelineOptions(flags)
   known = parsed.get_all_options(retain_unknown_options=False)
@@ -47,10 +57,11 @@ def options(text: str) -> pipeline_options.PipelineOptions:
   except ValueError as e:
     raise ValueError(f"--beam_pipeline_options: {str(e).split(' Valid values')[0]}: try DirectRunner (or "
                      "BundleBasedDirectRunner, FnApiRunner)") from e
-  if kind not in LOCAL_RUNNERS:
-    raise ValueError(f"--beam_pipeline_options: runner {runner}: its workers cannot write the dataset yet (it is "
-                     "built in a directory of this host: ArrayRecord's writer takes local paths only); run on "
-                     "DirectRunner, or see docs/data.md")
+  local = [p for p in (data.data_dir, *data.text_files.split(",")) if p.strip() and not storage.is_remote(p)
+           and not p.strip().startswith((corpus_lib.TASK_PREFIX, corpus_lib.SOTU))]
+  if kind not in LOCAL_RUNNERS and local:
+    raise ValueError(f"--beam_pipeline_options: runner {runner} runs its workers on other machines, which cannot see "
+                     f"{local[0].strip()} on this one: put data.data_dir and data.text_files on gs://")
   return parsed
 
 
@@ -70,6 +81,18 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
       if isinstance(e, corpus_lib.DataError) or last.startswith(_DATA_ERROR):
         raise corpus_lib.DataError(message) from e
       raise
+
+  def _example_writer(self) -> tfds.core.ExampleWriter:
+    return _ShardWriter(self.info.file_format)
+
+  def _integrity(self) -> dict:
+    """The shards' records, which the workers wrote beside them (_ShardWriter): read, then deleted."""
+    records = {}
+    for path in epath.Path(self.data_dir).glob(f"*{integrity.SHARD}*{_RECORD}"):
+      if not path.name.startswith(tfds.core.constants.INCOMPLETE_PREFIX):  # a lost attempt's (TFDS deletes those)
+        records[path.name.removesuffix(_RECORD)] = json.loads(path.read_text())
+      path.unlink()
+    return dict(sorted(records.items()))
 
   def _split_generators(self, dl_manager, pipeline):  # pylint: disable=arguments-differ  (TFDS's Beam form)
     del dl_manager  # nothing is downloaded
@@ -106,6 +129,25 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
       self.stats[split] = json.loads(path.read_text())
       path.unlink()
       self.finish(split)
+
+
+class _ShardWriter(tfds.core.ExampleWriter):
+  """Writes a shard, on a Beam worker, where TFDS's Beam writer asks (BeamWriter._write_final_shard: `path`, a
+  temporary name in the dataset's directory, local or gs://, which TFDS renames to the shard's name with every file
+  sharing its prefix once this returns): ArrayRecord's writer writes a local file, whose size and CRC-32 go beside the
+  shard (path + _RECORD, renamed with it), and a gs:// `path` gets a copy."""
+
+  def write(self, path, examples):
+    storage.initialize()  # gs:// through the launcher's client (and emulator, in tests), as Corpus's readers
+    remote = storage.is_remote(path)
+    with tempfile.TemporaryDirectory() as tmp:
+      local = os.path.join(tmp, "shard") if remote else os.fspath(path)
+      positions = super().write(local, examples)
+      record = integrity.file_record(local)
+      if remote:
+        storage.copy_file(local, path)
+    epath.Path(f"{os.fspath(path)}{_RECORD}").write_text(json.dumps(record))
+    return positions
 
 
 def _save(stats: dict[str, int], path: epath.Path):

@@ -1,6 +1,7 @@
 """Building prepared data: the tokenizer (trained on the corpus, or data.tokenizer), then the TFDS dataset of packed
 examples, where prepared.py finds them. The one writer of prepared data (electra-prepare's library); TensorFlow is
 imported only when something is built, so the rest of the package imports without it."""
+import contextlib
 import os
 import tempfile
 
@@ -27,7 +28,7 @@ def build(config, beam_options: str = "") -> prepared.PreparedData:
   if beam_options:
     packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
     from electra_jax.data import beam  # pylint: disable=g-import-not-at-top
-    beam_options = beam.options(beam_options)  # checked before anything is trained or written
+    beam_options = beam.options(beam_options, config.data)  # checked before anything is trained or written
   from electra_jax import sources  # pylint: disable=g-import-not-at-top  (jax: only here)
   config, _ = sources.init_source(config)
   from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
@@ -55,20 +56,36 @@ def build(config, beam_options: str = "") -> prepared.PreparedData:
     logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
-  # ArrayRecord's writer takes local paths only: a gs:// dataset is built in a local directory, then uploaded with
-  # dataset_info.json (what `load` looks for) last.
+  # A gs:// dataset is copied into place with dataset_info.json (what `load` looks for) last. On one host it is built
+  # in a local directory (ArrayRecord's writer takes local paths only); on Beam, whose workers need not see this
+  # host's disk, on gs:// beside it (each worker writes its shards locally and copies them: beam._ShardWriter), in a
+  # directory of this launch's own, since TFDS's final rename of a gs:// directory copies its files in no order.
   remote = storage.is_remote(data.data_dir)
+  staging = storage.temp_path(path) if remote and beam_options else None
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
     builder = (beam.ElectraPretrainingBeam if beam_options else pretraining.ElectraPretraining)(
         config=pretraining.PretrainingConfig(
             name=prepared.config_name(data), seq_len=data.seq_len, corpus=corpus, tokenizer_path=tok_path,
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
             identity=identity, settings=prepared.settings(data)),
-        data_dir=local if remote else data.data_dir)
-    with pretraining.writing(os.fspath(builder.data_path)):  # no half-written dataset, nor a killed run's
+        data_dir=staging or (local if remote else data.data_dir))
+    # No half-written dataset, nor a killed run's: TFDS deletes a failed build, `writing` a killed local one's; a killed
+    # launch's gs:// staging directory, never read, is left.
+    with _removed(staging) if staging else pretraining.writing(os.fspath(builder.data_path)):
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
                                    download_config=tfds.download.DownloadConfig(
                                        num_shards=data.num_shards or None, beam_options=beam_options or None))
-    if remote:
-      storage.copy_tree(builder.data_path, path, last="dataset_info.json")
+      if remote:
+        if path.exists():
+          path.rmtree()  # what a killed copy left: no dataset_info.json, so never read
+        storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   return prepared.load(config)
+
+
+@contextlib.contextmanager
+def _removed(directory: str):
+  """Deletes `directory` when the block ends, however it ends."""
+  try:
+    yield
+  finally:
+    epath.Path(directory).rmtree(missing_ok=True)

@@ -130,7 +130,11 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     super()._download_and_prepare(dl_manager, download_config)
     # The finished shards' sizes and CRC-32s, into metadata.json (written next, in the same temporary directory):
     # readers and electra-check find a copy that differs from what was written here.
-    self.info.metadata.update(files=integrity.record(os.fspath(self.data_dir)))
+    self.info.metadata.update(files=self._integrity())
+
+  def _integrity(self) -> dict:
+    """The finished shards' integrity.record."""
+    return integrity.record(os.fspath(self.data_dir))
 
   def _info(self) -> tfds.core.DatasetInfo:
     seq = (self.builder_config.seq_len,)
