@@ -48,13 +48,15 @@ NEEDS = {"export": "pretrain", "finetune": "export"}  # a step skipped unless th
 ATTENTION = {"einsum": [], "fused": ["--config.model.attention_impl=fused", "--config.model.attention_dropout_rate=0"]}
 # What the bench times each config under (--bench_variants): XLA flags added to XLA_FLAGS, and config overrides. XLA
 # re-records a step's CUDA graph whenever a buffer it uses moved; command buffers off, or the temporaries kept at one
-# address, are the two ways out; per_array is the optimiser's update before train.flat_update.
+# address, are the two ways out; per_array is the optimiser's update before train.flat_update; scan_layers runs the
+# encoder's layers as one scanned layer (fewer than half the kernels on a CPU, its step slower there).
 VARIANTS = {
     "default": ([], []),
     "per_array": ([], ["--config.train.flat_update=False"]),
     "no_command_buffers": (["--xla_gpu_enable_command_buffer="], []),
     "temp_color": (["--xla_gpu_temp_buffer_use_separate_color=true"], []),
     "no_command_buffers_per_array": (["--xla_gpu_enable_command_buffer="], ["--config.train.flat_update=False"]),
+    "scan_layers": ([], ["--config.model.scan_layers=True"]),
 }
 STARTED = time.time()
 FINETUNE_TASKS = ("sentiment", "trec")  # studies/finetune_demo.py's demo tasks
