@@ -5,7 +5,9 @@ step, saved, exit 0.
 
 The faults hit one workdir in turn, each rerun resuming from what the one before left (SIGTERM's stop, then a kill
 -9, then a stall), so that one final rerun checks the resume after all three: every two-process run compiles its
-step afresh (its programs are not in the persistent cache), a third of a minute each."""
+step afresh (process 1's programs are not in the persistent cache: only process 0 writes it), a third of a minute
+each; the straight run goes on beside the faults' reruns."""
+import functools
 import json
 import os
 import signal
@@ -58,15 +60,25 @@ def _final(workdir) -> tuple[dict, list]:
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_data, tmp_path_factory):
+def straight(tiny_data, sigterm, tmp_path_factory):
+  """The straight run, started once SIGTERM's run has put its programs in the compilation cache and left to run
+  beside the faults' reruns (their survivors mostly wait out the heartbeat timeout); calling it waits for its end and
+  gives its _final."""
   workdir = tmp_path_factory.mktemp("pod") / "straight"
-  _run_to_end(tiny_data[0], workdir)
-  return _final(workdir)
+  procs = pretrain_cli.start_processes(pretrain_cli.env(), tiny_data[0], str(workdir), *FLAGS)
+
+  def result():
+    assert _wait(procs) == [0, 0], pretrain_cli.log(procs[0])[-3000:] + pretrain_cli.log(procs[1])[-3000:]
+    return _final(workdir)
+  yield functools.cache(result)
+  for p in procs:
+    p.kill()
 
 
 def _assert_resumes_exactly(config, workdir, straight):
   _run_to_end(config, workdir)
   arrays, rows = _final(workdir)
+  straight = straight()
   assert rows == straight[1]
   assert arrays.keys() == straight[0].keys()
   for name, value in arrays.items():
