@@ -29,14 +29,14 @@ console.choose_platforms()  # as every command does: no TPU start-up (libtpu's l
 sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
 
 GCS_BUCKET = "electra-test"
-# The slowest modules (pytest --durations, 2026-11-24, cold compilation cache), slowest first. `make test` (-n 2
+# The slowest modules (each file alone, -n 0, cold compilation cache, 2026-11-28), slowest first. `make test` (-n 2
 # --dist=loadfile) hands out whole files in collection order (pytest.ini: --no-loadscope-reorder; xdist's own order puts
 # the files with the most tests first, so these few-test ones came last): a long file handed out last leaves the other
-# worker idle.
-SLOWEST_FIRST = ("test_pod_faults.py", "test_checkpoints.py", "test_gpu_run.py", "test_multihost.py", "test_compile.py",
-                 "test_finetune_recipe.py", "test_without_tensorflow.py", "test_train_step.py",
-                 "test_finetune_tagging_qa.py", "test_fidelity.py", "test_bad_inputs.py", "test_replicate.py",
-                 "test_workdir_safety.py")
+# worker idle. test_gpu_run.py's place is from the 2026-11-28 fresh-clone run.
+SLOWEST_FIRST = ("test_compile.py", "test_finetune_recipe.py", "test_pod_faults.py", "test_gpu_run.py",
+                 "test_fidelity.py", "test_train_step.py", "test_without_tensorflow.py", "test_finetune_tagging_qa.py",
+                 "test_multihost.py", "test_replicate.py", "test_checkpoints.py", "test_bad_inputs.py",
+                 "test_workdir_safety.py", "test_gcs.py")
 
 
 def pytest_collection_modifyitems(items):
