@@ -11,8 +11,9 @@ steps with one block_until_ready at the end of the window. Batches are pre-place
 ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
 (loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
 steps late; with --data_dir, read from the dataset as the training stream reads it): the difference is what the
-host costs. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter
-arrays, instructions, fusions: on a GPU each fusion is a kernel launch). FLOPs, TFLOP/s and MFU come from
+host costs. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also
+counts what the compiled step is made of (parameter arrays, instructions, fusions: on a GPU each fusion is a kernel
+launch). FLOPs, TFLOP/s and MFU come from
 electra_jax.flops. The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu,
 memory, fusions, ...).
 """
