@@ -156,7 +156,9 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   # devices ahead by input_pipeline.OnDevice's thread, each step's loss read two steps late, the garbage collector
   # frozen; with prepared data, read and parsed as they are needed by the training stream's own threads. Where this
   # is slower than the window above, the host sets the pace.
-  state, step_metrics = exp.step(state, batches[0], rng)  # fills jit's own cache (the compilation cache loads it)
+  # Fills jit's own cache (the compilation cache loads it); finished before the window opens, which would otherwise
+  # hold one step more than it counts.
+  state, step_metrics = jax.block_until_ready(exp.step(state, batches[0], rng))
   stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
   placed = input_pipeline.OnDevice(stream, exp.sharded.batch)
   pending = collections.deque([step_metrics])
