@@ -413,11 +413,12 @@ def summary(results: dict) -> str:
   if ours:
     lines += ["", "## Training step (electra-bench)", ""]
     lines += _table(["config", "attention", "variant", "batch × seq", "dtype", "step ms", "tokens/s",
-                     "as the loop drives it", "fusions", "TFLOP/s/device", "MFU", "peak GiB", "init s",
+                     "as the loop drives it", "loop, resident batches", "fusions", "TFLOP/s/device", "MFU", "peak GiB", "init s",
                      "compile s"], [
         [b["config"], b["attention_impl"], variant, f"{b['batch']} × {b['seq_len']}", b["dtype"],
          f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}",
-         f"{b['loop_step_time_s'] * 1e3:.2f} ms" if "loop_step_time_s" in b else "—", b.get("fusions", "—"),
+         *(f"{b[k] * 1e3:.2f} ms" if k in b else "—" for k in ("loop_step_time_s", "loop_resident_step_time_s")),
+         b.get("fusions", "—"),
          _fmt(b["tflops_per_device"], ".1f"),
          _fmt(b["mfu"]), _fmt((b.get("device_peak_bytes_in_use") or b.get("peak_memory_bytes") or 0) / 2**30, ".2f"),
          _fmt(b.get("init_s"), ".1f"), _fmt(b["compile_s"], ".1f")]

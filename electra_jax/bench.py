@@ -11,7 +11,8 @@ steps with one block_until_ready at the end of the window. Batches are pre-place
 ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
 (loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
 steps late; with --data_dir, read from the dataset as the training stream reads it): the difference is what the
-host costs. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also
+host costs; loop_resident_step_time_s is the same loop on the device-resident batches, which splits that cost into
+the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also
 counts what the compiled step is made of (parameter arrays, instructions, fusions: on a GPU each fusion is a kernel
 launch). FLOPs, TFLOP/s and MFU come from
 electra_jax.flops. The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu,
@@ -132,7 +133,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   block_until_ready at the end of the window (dispatch runs ahead of the device, as in training); then, with
   `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import flops, loop  # pylint: disable=g-import-not-at-top
+  from electra_jax import flops  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   t0 = time.perf_counter()
@@ -152,31 +153,22 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, step_metrics))
   seconds = time.perf_counter() - t0
-  # As the training loop drives it (loop.py): the jitted step (not the compiled object), batches placed on the
-  # devices ahead by input_pipeline.OnDevice's thread, each step's loss read two steps late, the garbage collector
-  # frozen; with prepared data, read and parsed as they are needed by the training stream's own threads. Where this
-  # is slower than the window above, the host sets the pace.
-  # Fills jit's own cache (the compilation cache loads it); finished before the window opens, which would otherwise
-  # hold one step more than it counts.
-  state, step_metrics = jax.block_until_ready(exp.step(state, batches[0], rng))
+  # As the training loop drives it (loop.py): the jitted step (not the compiled object), each step's loss read two
+  # steps late, the garbage collector frozen; first with the device-resident batches above, then with batches placed
+  # on the devices ahead by input_pipeline.OnDevice's thread (with prepared data, read and parsed as they are needed
+  # by the training stream's own threads), as in training. Where these are slower than the window above, the host sets
+  # the pace: the first difference is the step's dispatch and the fetches, the second placing the batches.
   stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
   placed = input_pipeline.OnDevice(stream, exp.sharded.batch)
-  pending = collections.deque([step_metrics])
-  loop.collect(started=True, scheduled=False)
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    state, metrics = exp.step(state, next(placed), rng)
-    pending.append(metrics)
-    if len(pending) > 2:
-      float(pending.popleft()["loss"])
-  for metrics in pending:
-    float(metrics["loss"])
-  loop_seconds = time.perf_counter() - t0
-  gc.unfreeze()
-  gc.enable()
+  # Fills jit's own cache (the compilation cache loads it) and starts the stream; finished before a window opens,
+  # which would otherwise hold one step more than it counts.
+  state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))
+  state, resident_seconds = _loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
+  state, loop_seconds = _loop_window(exp.step, state, placed, rng, steps)
   placed.close()
   result.update(loop_step_time_s=loop_seconds / steps,
-                loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps / loop_seconds)
+                loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps / loop_seconds,
+                loop_resident_step_time_s=resident_seconds / steps)
   if profile:
     with jax.profiler.trace(profile, create_perfetto_trace=True):
       for i in range(PROFILE_STEPS):
@@ -185,6 +177,25 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     result["profile_steps"] = PROFILE_STEPS
   return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
               **flops.throughput(exp.step_flops, config.train.batch_size * config.data.seq_len, steps, seconds))
+
+
+def _loop_window(step, state, batches, rng, steps: int):
+  """(state, seconds) of `steps` calls of the jitted `step` on `batches` as the training loop makes them."""
+  from electra_jax import loop  # pylint: disable=g-import-not-at-top
+  pending = collections.deque()
+  loop.collect(started=True, scheduled=False)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step(state, next(batches), rng)
+    pending.append(metrics)
+    if len(pending) > 2:
+      float(pending.popleft()["loss"])
+  for metrics in pending:
+    float(metrics["loss"])
+  seconds = time.perf_counter() - t0
+  gc.unfreeze()
+  gc.enable()
+  return state, seconds
 
 
 def time_pipeline(config, prepared, num_batches: int) -> dict:
@@ -243,7 +254,8 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
         f"{result['num_devices']} x {device.device_kind}  init {result['init_s']:.1f} s  "
         f"compile {result['compile_s']:.1f} s  "
         f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
-        f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms)  "
+        f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms; "
+        f"on device-resident batches: {result['loop_resident_step_time_s'] * 1e3:.1f} ms)  "
         f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
         f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB  "
         f"{result['param_arrays']} parameter arrays, {result['fusions']} fusions in "

@@ -48,6 +48,7 @@ def test_bench_reports_json():
   assert result["tokens_per_sec"] > 0 and result["tflops_per_device"] > 0 and result["compile_s"] > 0
   assert math.isclose(result["tokens_per_sec"] * result["step_time_s"], 8 * 32, rel_tol=1e-6)
   assert math.isclose(result["loop_tokens_per_sec"] * result["loop_step_time_s"], 8 * 32, rel_tol=1e-6)
+  assert result["loop_resident_step_time_s"] > 0
   # FLOP/s of the window: one step's FLOPs per step time, not per window
   assert math.isclose(result["tflops_per_device"] * 1e12 * result["step_time_s"], result["step_flops"], rel_tol=1e-6)
   assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and math.isfinite(result["loss"])
