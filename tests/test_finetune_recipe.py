@@ -61,19 +61,21 @@ def test_layer_decay_by_depth():
 def test_early_stopping_after_the_floor_and_a_rerun_trains_no_further(tiny_data, tmp_path):
   """A rate too small to change the dev score: the first evaluation stays the best, so the run stops at the first
   evaluation at or past min_steps with `patience` evaluations since the best, and stays stopped when run again."""
-  c = _config(tiny_data, min_steps=60, patience=2, learning_rate=1e-12)
-  c.task.update(num_epochs=30.0, **SMALL_EVAL)  # 300 steps, evaluated every 15
+  # 160 rows: 5 steps an epoch; 20 epochs: 100 steps, evaluated every 5 (5% of the run). The same evaluations as at
+  # 300 steps (the stop, the floor and the rerun do not depend on the run's length), with a third of the updates.
+  c = _config(tiny_data, min_steps=20, patience=2, learning_rate=1e-12)
+  c.task.update(num_train_examples=160, num_epochs=20.0, **SMALL_EVAL)
   results = finetune.finetune(c, str(tmp_path / "ft"))
-  assert results["num_steps"] == 300 and results["stopped_early"] == 60
-  assert [h["step"] for h in results["history"]] == [15, 30, 45, 60]
-  assert results["selected_step"] == 15 and results["accuracy"] == results["history"][0]["eval"]["accuracy"]
+  assert results["num_steps"] == 100 and results["stopped_early"] == 20
+  assert [h["step"] for h in results["history"]] == [5, 10, 15, 20]
+  assert results["selected_step"] == 5 and results["accuracy"] == results["history"][0]["eval"]["accuracy"]
   again = finetune.finetune(c, str(tmp_path / "ft"))
   assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in results.items() if k != "seconds"}
   steps = [json.loads(l)["step"] for l in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
-  assert max(steps) == 60
+  assert max(steps) == 20
   # Never before the floor: with min_steps past the first evaluations, the run goes on to it.
-  c.train.min_steps = 100
-  assert finetune.finetune(c, str(tmp_path / "floor"))["stopped_early"] == 105
+  c.train.min_steps = 33
+  assert finetune.finetune(c, str(tmp_path / "floor"))["stopped_early"] == 35
 
 
 def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp_path):
