@@ -23,8 +23,9 @@ from electra_jax.finetune import model as model_lib, tasks
 from electra_jax.finetune.heads import Head, Split, load_task
 
 
-def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1):
-  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py)."""
+def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1, flat=False):
+  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py); `flat`: whether
+  the update is flat (optim.py)."""
   step_rng = jax.random.fold_in(rng, state.step)
 
   def loss_and_grad(micro, rows):
@@ -40,7 +41,7 @@ def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accu
   (value, _), grads = accumulate.gradients(loss_and_grad, batch, accum_steps)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new_state = state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
-  return new_state, dict(loss=value, grad_norm=optax.global_norm(grads))
+  return new_state, dict(loss=value, grad_norm=optim.global_norm(grads, flat))
 
 
 @functools.lru_cache(maxsize=1)
@@ -204,8 +205,8 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
   train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
-  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers,
-                           flat=optim.flat_update(train_config.get("flat_update", False), mesh))
+  flat = optim.flat_update(train_config.get("flat_update", False), mesh)
+  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers, flat=flat)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
   accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
@@ -213,7 +214,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
   step_fn = sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
-                                               accum_steps=ft.train.grad_accum_steps))
+                                               accum_steps=ft.train.grad_accum_steps, flat=flat))
   predict = sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"]))
   return Steps(train_config.learning_rate, train_config.layer_decay, schedule, sharded, step_fn, predict)
 

@@ -40,12 +40,13 @@ def train_step(state: TrainState, batch, rng, *, model, update, objective, speci
   return update(state, grad)
 
 
-def _optimiser_step(state: TrainState, grad, *, tx):
-  """One gradient (`grad`: params -> ((loss, metrics), grads)) and one optax update of the parameters."""
+def _optimiser_step(state: TrainState, grad, *, tx, flat: bool):
+  """One gradient (`grad`: params -> ((loss, metrics), grads)) and one optax update of the parameters (`flat`: the
+  flat update's, optim.py)."""
   (loss, metrics), grads = grad(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new_params = optax.apply_updates(state.params, updates)
-  metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+  metrics.update(loss=loss, grad_norm=optim.global_norm(grads, flat))
   return TrainState(step=state.step + 1, params=new_params, opt_state=opt_state), metrics
 
 
@@ -76,8 +77,10 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   objective = objectives.get(config.objective.name)
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
   # .get: config.json of workdirs from before the key was added lacks it (their optimiser state is per array).
-  tx, schedule = optim.pretraining(config.train, flat=optim.flat_update(config.train.get("flat_update", False), mesh))
-  update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx))  # checks two_stage's config
+  flat = optim.flat_update(config.train.get("flat_update", False), mesh)
+  tx, schedule = optim.pretraining(config.train, flat=flat)
+  # wrap_update checks two_stage's config
+  update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx, flat=flat))
   masking.check_masking(config.objective.mask_prob, config.data.seq_len)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
