@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from etils import epath
 from electra_jax import packages, storage
 from electra_jax.data import beam as beam_lib
 from electra_jax.data import build, input_pipeline, packing, prepared
+from electra_jax.data import corpus as corpus_lib
 from tests import helpers
 from tests import pretrain_cli as cli
 from tests.conftest import GCS_BUCKET as BUCKET
@@ -56,6 +58,35 @@ def test_beam_equals_single_host(tiny_data, tmp_path):
   beam = build.build(_with_tokenizer(config, tmp_path, single.tokenizer_path), TWO_WORKERS)
   _same_dataset(single, beam)
   assert os.path.basename(beam.dataset_dir) == os.path.basename(single.dataset_dir)
+
+
+def test_a_worker_holds_one_document_at_a_time(tiny_data, tmp_path):
+  """The workers' own part of the memory bound (docs/data.md, Memory): counting, reading and packing a part hold one
+  document at a time, so 16 times the text, in 4 parts each 4 times larger, peaks no higher in Python's allocations
+  (numpy's included) than the text once."""
+  lines = helpers.sotu_lines()
+  text = "\n\n".join("\n".join(lines[j:j + 10]) for j in range(0, 100, 10))  # 10 documents
+  with open(tiny_data[1].tokenizer_path, "rb") as f:
+    pack = beam_lib._Pack(os.path.basename(tiny_data[1].tokenizer_path), f.read(), 128, 0)
+  pack.setup()
+  peaks = []
+  for files, copies in ((1, 1), (1, 1), (4, 4)):  # the first a warm-up: the tokenizer's and the regexes' first use
+    (tmp_path / "text").mkdir()
+    for i in range(files):
+      (tmp_path / "text" / f"{i}.txt").write_text("\n\n".join([text] * copies))
+    corpus = corpus_lib.Corpus(text_files=str(tmp_path / "text" / "*.txt"))
+    parts = list(enumerate(corpus.parts()))
+    tracemalloc.start()
+    offsets = beam_lib._offsets([beam_lib._count(part, corpus) for part in parts], 0, corpus.description)
+    for part in parts:
+      for doc in beam_lib._numbered(part, corpus, offsets):
+        for _ in pack.process(doc):  # each output goes to the runner
+          pass
+    peaks.append(tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+    shutil.rmtree(tmp_path / "text")
+  pack.teardown()
+  assert peaks[2] < peaks[1] + (64 << 10), peaks
 
 
 class _Text(tfds.core.GeneratorBasedBuilder, skip_registration=True):
