@@ -77,9 +77,10 @@ def test_a_worker_holds_one_document_at_a_time(tiny_data, tmp_path):
     corpus = corpus_lib.Corpus(text_files=str(tmp_path / "text" / "*.txt"))
     parts = list(enumerate(corpus.parts()))
     tracemalloc.start()
-    offsets = beam_lib._offsets([beam_lib._count(part, corpus) for part in parts], 0, corpus.description)
+    counts = [beam_lib.count_documents(part, corpus) for part in parts]
+    offsets = beam_lib.document_offsets(counts, 0, corpus.description)
     for part in parts:
-      for doc in beam_lib._numbered(part, corpus, offsets):
+      for doc in beam_lib.numbered_documents(part, corpus, offsets):
         for _ in pack.process(doc):  # each output goes to the runner
           pass
     peaks.append(tracemalloc.get_traced_memory()[1])

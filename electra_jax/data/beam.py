@@ -103,10 +103,10 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
              | "SpreadParts" >> beam.Reshuffle())  # to the workers: each reads only its parts
     offsets = beam.pvalue.AsSingleton(
         parts
-        | "Count" >> beam.Map(_count, corpus)
+        | "Count" >> beam.Map(count_documents, corpus)
         | "Counts" >> beam.combiners.ToList()
-        | "Offsets" >> beam.Map(_offsets, corpus.max_documents, corpus.description))
-    docs = parts | "Read" >> beam.FlatMap(_numbered, corpus, offsets)
+        | "Offsets" >> beam.Map(document_offsets, corpus.max_documents, corpus.description))
+    docs = parts | "Read" >> beam.FlatMap(numbered_documents, corpus, offsets)
     train, validation = docs | "Split" >> beam.Partition(_split, 2, cfg.validation_fraction)
     tok = epath.Path(cfg.tokenizer_path)
     pack = _Pack(tok.name, tok.read_bytes(), cfg.seq_len, cfg.seed)  # the tokenizer travels with the transform
@@ -158,7 +158,7 @@ def _sum(stats: list[dict[str, int]]) -> dict[str, int]:
   return {key: sum(s[key] for s in stats) for key in pretraining.STATS}
 
 
-def _offsets(counts: list[tuple[int, int]], max_documents: int, description: str) -> dict[int, int]:
+def document_offsets(counts: list[tuple[int, int]], max_documents: int, description: str) -> dict[int, int]:
   """Each part's first document's corpus index, from the parts' document counts."""
   offsets, total = {}, 0
   for i, n in sorted(counts):
@@ -174,11 +174,13 @@ def _split(doc: corpus_lib.Document, num_partitions: int, validation_fraction: f
   return int(pretraining.is_validation(doc.index, validation_fraction))
 
 
-def _count(part: tuple[int, str], corpus: corpus_lib.Corpus) -> tuple[int, int]:
+def count_documents(part: tuple[int, str], corpus: corpus_lib.Corpus) -> tuple[int, int]:
+  """(the part's number, how many documents it holds): a worker's first pass over its part."""
   return part[0], sum(1 for _ in corpus.part_documents(part[1]))
 
 
-def _numbered(part: tuple[int, str], corpus: corpus_lib.Corpus, offsets: dict[int, int]):
+def numbered_documents(part: tuple[int, str], corpus: corpus_lib.Corpus, offsets: dict[int, int]):
+  """The part's documents, one at a time, each numbered with its corpus index (`offsets`: document_offsets')."""
   i, name = part
   for j, doc in enumerate(corpus.part_documents(name)):
     index = offsets[i] + j
