@@ -413,8 +413,8 @@ def summary(results: dict) -> str:
   if ours:
     lines += ["", "## Training step (electra-bench)", ""]
     lines += _table(["config", "attention", "variant", "batch × seq", "dtype", "step ms", "tokens/s",
-                     "as the loop drives it", "loop, resident batches", "fusions", "TFLOP/s/device", "MFU", "peak GiB", "init s",
-                     "compile s"], [
+                     "as the loop drives it", "loop, resident batches", "fusions", "TFLOP/s/device", "MFU",
+                     "peak GiB", "init s", "compile s"], [
         [b["config"], b["attention_impl"], variant, f"{b['batch']} × {b['seq_len']}", b["dtype"],
          f"{b['step_time_s'] * 1e3:.2f}", f"{b['tokens_per_sec']:,.0f}",
          *(f"{b[k] * 1e3:.2f} ms" if k in b else "—" for k in ("loop_step_time_s", "loop_resident_step_time_s")),

@@ -12,11 +12,10 @@ ones from the prepared dataset under --data_dir. Then it times the same steps as
 (loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
 steps late; with --data_dir, read from the dataset as the training stream reads it): the difference is what the
 host costs; loop_resident_step_time_s is the same loop on the device-resident batches, which splits that cost into
-the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile, mostly), part of every fresh run's start-up. It also
-counts what the compiled step is made of (parameter arrays, instructions, fusions: on a GPU each fusion is a kernel
-launch). FLOPs, TFLOP/s and MFU come from
-electra_jax.flops. The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu,
-memory, fusions, ...).
+the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile,
+mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter arrays,
+instructions, fusions: on a GPU each fusion is a kernel launch). FLOPs, TFLOP/s and MFU come from electra_jax.flops.
+The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...).
 """
 import collections
 import gc
