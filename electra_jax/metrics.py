@@ -1,8 +1,11 @@
 """What a run reports: metrics.jsonl (one JSON object per logged step) and TensorBoard scalars, rewound to the step a
-resumed run starts from. Its throughput and MFU figures come from flops.py."""
+resumed run starts from, written by a thread of their own so the training loop never waits on a disk or a bucket. Its
+throughput and MFU figures come from flops.py."""
 import json
 import os
+import queue
 import sys
+import threading
 import time
 
 import jax
@@ -13,21 +16,21 @@ from electra_jax import storage
 
 
 def _import_tensorboardx():
-  """tensorboardX's event writer and protos, imported with torch held off: tensorboardX imports torch where it is
+  """tensorboardX's event file writer, record writers and protos, imported with torch held off: tensorboardX imports torch where it is
   installed, only to accept torch tensors (we log floats), and that took 1.5 s of every command's start."""
   hold = "torch" not in sys.modules
   if hold:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
   try:
-    from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+    from tensorboardX import event_file_writer, record_writer  # pylint: disable=g-import-not-at-top
     from tensorboardX.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
   finally:
     if hold:
       del sys.modules["torch"]
-  return event_file_writer.EventFileWriter, event_pb2, summary_pb2
+  return event_file_writer.EventsWriter, record_writer, event_pb2, summary_pb2
 
 
-EventFileWriter, event_pb2, summary_pb2 = _import_tensorboardx()
+EventsWriter, record_writer, event_pb2, summary_pb2 = _import_tensorboardx()
 
 TRAIN_FIELDS = ("step", "loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy", "replaced_fraction",
                 "learning_rate", "grad_norm", "tokens_per_sec", "tflops_per_device", "mfu", "elapsed_s")
@@ -41,11 +44,13 @@ def _jsonable(v):
 
 
 class Writer:
-  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://;
-  tensorboardX writes gs:// through google-cloud-storage). Only process 0 writes; other processes get a no-op writer.
-  A gs:// object cannot be appended to: there each write uploads its line as an object of its own and Cloud Storage
-  composes metrics.jsonl from the two, so a write costs its own bytes, not the file's (RemoteLog). Opening it for a
-  run resuming at `start_step` drops the records a killed run logged past that step."""
+  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://).
+  Only process 0 writes; other processes get a no-op writer. `write` only queues the record: a thread of the writer's
+  own appends and flushes both files (an fsync locally, uploads on gs://), and the first error it meets is raised by
+  the next `write` or by `close`, which waits for every queued record. A gs:// object cannot be appended to: there each
+  flush uploads what was written since as an object of its own and Cloud Storage composes the file from the two, so a
+  write costs its own bytes, not the file's (RemoteLog; the event file too, through tensorboardX's writer registry).
+  Opening it for a run resuming at `start_step` drops the records a killed run logged past that step."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -56,64 +61,104 @@ class Writer:
     if storage.is_remote(workdir):
       self._jsonl = RemoteLog(self._path)
     else:
-      os.makedirs(workdir, exist_ok=True)
+      os.makedirs(os.path.join(workdir, "tensorboard"), exist_ok=True)
       self._jsonl = open(self._path, "a", encoding="utf-8")
-    self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+    self._tb = EventsWriter(os.path.join(workdir, "tensorboard", "events"))
     if start_step:  # TensorBoard hides the events a killed run logged past this restart
-      self._tb.add_event(event_pb2.Event(step=start_step + 1, session_log=event_pb2.SessionLog(
+      self._tb.write_event(event_pb2.Event(step=start_step + 1, session_log=event_pb2.SessionLog(
           status=event_pb2.SessionLog.START)))
+    self._queue, self._error = queue.SimpleQueue(), None
+    self._thread = threading.Thread(target=self._drain, name="metrics-writer", daemon=True)
+    self._thread.start()
 
   def write(self, step: int, scalars: dict):
     if not self.active:
       return
-    record = {"step": int(step), **{k: _jsonable(v) for k, v in scalars.items() if k != "step"}}
+    self._raise()
+    self._queue.put({"step": int(step), **{k: _jsonable(v) for k, v in scalars.items() if k != "step"}})
+
+  def _drain(self):
+    while (record := self._queue.get()) is not None:
+      if self._error is None:
+        try:
+          self._append(record)
+        except Exception as e:  # pylint: disable=broad-except  (raised on the caller's thread)
+          self._error = e
+
+  def _append(self, record: dict):
     self._jsonl.write(json.dumps(record) + "\n")
     self._jsonl.flush()
     values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in record.items()
               if k != "step" and v is not None]
-    self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
-                                       summary=summary_pb2.Summary(value=values)))
+    self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
+                                         summary=summary_pb2.Summary(value=values)))
     self._tb.flush()
 
+  def _raise(self):
+    if self._error is not None:  # a failed writer stays failed: later records are dropped, not half-written
+      raise self._error
+
   def close(self):
-    if self.active:
-      self._jsonl.close()
-      self._tb.close()
+    if self.active and self._thread is not None:
+      self._queue.put(None)
+      self._thread.join()
+      self._thread = None
+      try:
+        self._jsonl.close()
+        self._tb.close()
+      finally:
+        self._raise()
 
 
 class RemoteLog:
-  """A file on gs:// that grows by appends, as an open text file would: each flush uploads the lines written since
-  as an object beside it, and Cloud Storage composes the file from the two (server-side). An object holds at most
-  1,024 composed parts, so every MAX_PARTS appends the file is uploaded whole once instead: the traffic of a run of n
-  writes grows as n, not n² as rewriting it at each write did."""
+  """A file on gs:// that grows by appends, as an open file would (text or, `binary`, bytes): each flush uploads what
+  was written since as an object beside it, and Cloud Storage composes the file from the two (server-side). An object
+  holds at most 1,024 composed parts, so every MAX_PARTS appends the file is uploaded whole once instead: the traffic
+  of a run of n writes grows as n, not n² as rewriting it at each write did."""
   MAX_PARTS = 512
 
-  def __init__(self, path: epath.Path):
+  def __init__(self, path, binary: bool = False):
     import fsspec  # pylint: disable=g-import-not-at-top  (gs:// only: gcsfs's)
+    path = epath.Path(path)
     self._fs, self._key = fsspec.core.url_to_fs(str(path))
-    self._path, self._buffer, self._parts = path, "", self.MAX_PARTS  # rewritten whole at the first flush
-    self._text = path.read_text() if path.exists() else ""
+    self._path, self._binary, self._parts = path, binary, self.MAX_PARTS  # written whole at the first flush
+    self._data = path.read_bytes() if path.exists() else b""
+    self._buffer = b""
 
-  def write(self, text: str):
-    self._buffer += text
+  def write(self, data: str | bytes):
+    self._buffer += data if self._binary else data.encode("utf-8")
 
   def flush(self):
     if not self._buffer:
       return
-    self._text += self._buffer
+    self._data += self._buffer
     if self._parts >= self.MAX_PARTS:
-      storage.write(self._path, self._text)
+      storage.write(self._path, self._data)
       self._parts = 1
     else:
       part = f"{self._key}.part"
-      self._fs.pipe_file(part, self._buffer.encode("utf-8"))
+      self._fs.pipe_file(part, self._buffer)
       self._fs.merge(self._key, [self._key, part])
       self._fs.rm_file(part)
       self._parts += 1
-    self._buffer = ""
+    self._buffer = b""
 
   def close(self):
     self.flush()
+
+
+class _RemoteEvents:
+  """tensorboardX's writer factory for gs:// event files: RemoteLog's appends instead of its own GCS writer, which
+  uploads the whole file at every flush (quadratic in the run's length) and ignores the storage emulator."""
+
+  def open(self, path):
+    return RemoteLog(path, binary=True)
+
+  def directory_check(self, path):
+    del path  # a bucket has no directories to make
+
+
+record_writer.register_writer_factory("gs", _RemoteEvents())
 
 
 def _rewind(path: epath.Path, step: int):

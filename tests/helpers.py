@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import struct
 import subprocess
 import sys
 
@@ -254,3 +255,14 @@ def hf_head_parity(model, names, tokenizer_path: str, ids: np.ndarray, seg: np.n
   theirs = (torch.stack([got.start_logits, got.end_logits], -1) if hasattr(got, "start_logits") else got.logits)
   diff = np.abs(np.asarray(model.apply({"params": params}, ids, seg)) - theirs.numpy())
   return float((diff[ids != 0] if diff.ndim == 3 else diff).max())
+
+
+def tensorboard_events(data: bytes) -> list:
+  """The Event protos of a TensorBoard event file's bytes (TFRecord framing: length, its CRC, the data, its CRC)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  events = []
+  while data:
+    (n,) = struct.unpack("<Q", data[:8])
+    events.append(event_pb2.Event.FromString(data[12:12 + n]))
+    data = data[16 + n:]
+  return events

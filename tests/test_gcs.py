@@ -109,6 +109,11 @@ def test_every_command_on_gcs(gcs_bucket, tmp_path):
               if "goodput" not in r]  # a session's time split differs from run to run
              for run in ("straight", "killed")]
   assert [r["step"] for r in metrics[0]] == [2, 4, 6, 8] and metrics[0] == metrics[1]
+  # TensorBoard's event file on gs://, appended part by part, holds each logged loss at its step.
+  (events,) = [b for b in bucket.list_blobs(prefix="runs/straight/tensorboard/") if "tfevents" in b.name]
+  losses = {e.step: v.simple_value for e in helpers.tensorboard_events(events.download_as_bytes())
+            for v in e.summary.value if v.tag == "loss"}
+  assert losses == {r["step"]: pytest.approx(r["loss"]) for r in metrics[0]}
 
   results = json.loads(bucket.blob("finetune/eval_results.json").download_as_text())
   # The accuracy is the saved predictions' against the held-out rows' labels (split here from a local copy).

@@ -3,16 +3,15 @@ figures agree with each other; the run's time split closes metrics.jsonl and tra
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 
 import jax
 import pytest
-from tensorboardX.proto import event_pb2
 
 from electra_jax import flops, metrics, sources
 from electra_jax.data import prepared
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,16 +79,7 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   # TensorBoard holds every figure of metrics.jsonl, at its step.
   (events,) = (workdir / "tensorboard").glob("events.*")
-  scalars = [(e.step, v.tag, v.simple_value) for e in _events(events) for v in e.summary.value]
+  scalars = [(e.step, v.tag, v.simple_value) for e in helpers.tensorboard_events(events.read_bytes())
+             for v in e.summary.value]
   assert scalars == [(r["step"], k, pytest.approx(v)) for r in [*records, split] for k, v in r.items()
                      if k != "step" and v is not None]
-
-
-def _events(path) -> list:
-  """The Event protos of a TensorBoard event file (TFRecord framing: length, its CRC, the data, its CRC)."""
-  data, events = path.read_bytes(), []
-  while data:
-    (n,) = struct.unpack("<Q", data[:8])
-    events.append(event_pb2.Event.FromString(data[12:12 + n]))
-    data = data[16 + n:]
-  return events
