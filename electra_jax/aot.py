@@ -1,7 +1,9 @@
-"""Ahead of time: a command's jitted steps lowered and compiled by XLA's TPU compiler for a slice's devices
-(topology.py) from ShapeDtypeStructs, so nothing is materialised and no TPU is needed. What the compiler says of each
-step: its memory plan per device (or that it runs out of HBM, and by how much), its FLOPs, and its cost model's time.
+"""Ahead of time: a command's jitted steps lowered and compiled by XLA's TPU or GPU compiler for a slice's or a GPU
+host's devices (topology.py) from ShapeDtypeStructs, so nothing is materialised and no accelerator is needed. What the
+compiler says of each step: its memory plan per device (or that it runs out of HBM, and by how much), its FLOPs and its
+cost model's time (TPU only), and the kernels it is made of, by kind (kernel_counts, which electra-bench shares).
 """
+import collections
 import dataclasses
 import re
 import time
@@ -29,8 +31,9 @@ class Report:
   alias_bytes: int  # outputs that reuse (donated) argument buffers
   temp_bytes: int
   code_bytes: int
-  flops: float  # XLA's count: matmuls, elementwise work, the optimiser's update
+  flops: float | None  # XLA's count: matmuls, elementwise work, the optimiser's update (None: XLA:GPU has none)
   seconds: float | None  # the TPU cost model's time for one step, if it has one: an estimate, not a measurement
+  kernels: dict = dataclasses.field(default_factory=dict)  # kernel_counts of the compiled step
 
   @property
   def peak_bytes(self) -> int:
@@ -65,9 +68,10 @@ def key_struct(sharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding)
 
 
-def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
+def compile_step(name: str, jitted: Callable, args: tuple, memory_limit: int | None = None) -> Report:
   """Lowers and compiles `jitted` for `args` (ShapeDtypeStructs on the target's devices). Raises OutOfMemory when
-  the compiler finds no plan within the HBM."""
+  the compiler finds no plan within the HBM, or, where the compiler does not hold a plan to the device's memory
+  itself (XLA:GPU compiles a plan of any size), when the plan exceeds `memory_limit` bytes."""
   t0 = time.perf_counter()
   lowered = jitted.lower(*args)
   t1 = time.perf_counter()
@@ -84,12 +88,18 @@ def compile_step(name: str, jitted: Callable, args: tuple) -> Report:
                       " ".join(str(e).split())) from None
   t2 = time.perf_counter()
   m = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
+  cost = compiled.cost_analysis() or {}  # None from XLA:GPU without a device
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   seconds = cost.get("optimal_seconds")
-  return Report(name, t1 - t0, t2 - t1, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-                m.temp_size_in_bytes, m.generated_code_size_in_bytes, float(cost.get("flops", 0.0)),
-                seconds if seconds and seconds > 0 else None)  # libtpu gives v4, and unknown ops, a negative time
+  report = Report(name, t1 - t0, t2 - t1, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
+                  m.temp_size_in_bytes, m.generated_code_size_in_bytes,
+                  float(cost["flops"]) if "flops" in cost else None,
+                  seconds if seconds and seconds > 0 else None,  # libtpu gives v4, and unknown ops, a negative time
+                  kernel_counts(compiled.as_text())["kernel_kinds"])
+  if memory_limit is not None and report.peak_bytes > memory_limit:
+    raise OutOfMemory(name, report.peak_bytes, memory_limit, True, f"{name}'s plan needs {gib(report.peak_bytes)} "
+                      f"per device where {gib(memory_limit)} is available")
+  return report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,3 +158,83 @@ def int_batch(sharding, batch: int, seq_len: int, **extra) -> dict:
   (shape, dtype)), split as `sharding` splits batches."""
   return batch_struct(sharding, input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32),
                       **extra)
+
+
+# What a compiled step's kernels are (XLA:GPU launches one for each fusion, custom call, copy and collective of the
+# program's ENTRY computation, and for those of a while loop's body at each trip). Instructions that launch nothing
+# (views, tuples, a collective's completion) are not counted.
+KERNEL_KINDS = ("gemm", "cudnn", "elementwise", "reduction", "triton", "rng", "collective", "copy", "other")
+_NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
+              "partition-id", "replica-id", "add-dependency", "all-reduce-done", "all-gather-done",
+              "collective-permute-done", "copy-done", "async-done", "send-done", "recv-done"}
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
+                "ragged-all-to-all", "async-start", "send", "recv")
+
+
+def _instructions(computation: str) -> list[tuple[str, str]]:
+  """(line, opcode) of each instruction of HLO text ('%x = SHAPE opcode(operands), ...')."""
+  out = []
+  for line in computation.splitlines():
+    _, eq, rest = line.partition(" = ")
+    if not eq:
+      continue
+    if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
+      depth = 0
+      for i, c in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if not depth:
+          rest = rest[i + 1:]
+          break
+    else:
+      rest = rest.partition(" ")[2]
+    out.append((line, rest.strip().partition("(")[0]))
+  return out
+
+
+def _computation(text: str, name: str | None) -> str:
+  """The body of the computation `name` (None: the ENTRY computation) of an HLO module's text."""
+  start = text.index("\nENTRY " if name is None else f"\n%{name} ")
+  return text[start:text.index("\n}", start)]
+
+
+def _kind(line: str, op: str) -> str:
+  target = re.search(r'custom_call_target="([^"]+)"|"fusion_backend_config":\{"kind":"([^"]+)"', line)
+  target = target and (target.group(1) or target.group(2)) or ""
+  if "gemm" in target or target.startswith("__cublas"):
+    return "gemm"
+  if target.startswith("__cudnn"):
+    return "cudnn"
+  if op == "rng-bit-generator" or re.search(r'op_name="[^"]*threefry', line):
+    return "rng"
+  if target.startswith("__triton"):
+    return "triton"
+  if op == "fusion":
+    return {"kLoop": "elementwise", "kInput": "reduction"}.get(re.search(r"kind=(\w+)", line).group(1), "other")
+  if op.startswith(_COLLECTIVES):
+    return "collective"
+  return "copy" if op in ("copy", "copy-start") else "other"
+
+
+def kernel_counts(hlo_text: str) -> dict:
+  """What a compiled program (`compiled.as_text()`: XLA's optimised, scheduled HLO) is made of: its ENTRY
+  computation's instructions and fusions, the reduce ops of the whole module (in fusions included), and its kernels by
+  kind (KERNEL_KINDS; gemm: Triton or cuBLAS matmuls, cudnn: cuDNN's calls such as fused attention, elementwise and
+  reduction: XLA's own loop and reduction fusions, triton: its other Triton fusions, rng: random-number fusions).
+  On a GPU each kernel is a launch, so fewer is faster where launches set the pace."""
+  kinds = collections.Counter()
+
+  def visit(computation: str, times: int):
+    for line, op in _instructions(computation):
+      if op == "while":
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+        visit(_computation(hlo_text, re.search(r"body=%([^\s,]+)", line).group(1)),
+              times * (int(trips.group(1)) if trips else 1))
+      elif op not in _NO_KERNEL:
+        kinds[_kind(line, op)] += times
+
+  entry = _computation(hlo_text, None)
+  visit(entry, 1)
+  ops = [op for _, op in _instructions(entry)]
+  return dict(hlo_instructions=len(ops), fusions=ops.count("fusion"),
+              reduces=[op for _, op in _instructions(hlo_text)].count("reduce"), kernels=sum(kinds.values()),
+              kernel_kinds={k: kinds[k] for k in KERNEL_KINDS})

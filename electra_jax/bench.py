@@ -14,7 +14,8 @@ steps late; with --data_dir, read from the dataset as the training stream reads 
 host costs; loop_resident_step_time_s is the same loop on the device-resident batches, which splits that cost into
 the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile,
 mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter arrays,
-instructions, fusions: on a GPU each fusion is a kernel launch). FLOPs, TFLOP/s and MFU come from electra_jax.flops.
+instructions, fusions, kernels by kind: on a GPU each kernel is a launch), as electra-compile --gpu counts them from a
+CPU. FLOPs, TFLOP/s and MFU come from electra_jax.flops.
 The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...).
 """
 import collections
@@ -81,37 +82,13 @@ def host_batches(config, special, prepared=None) -> list:
   return batches
 
 
-def _opcodes(computation: str) -> list[str]:
-  """The opcode of each instruction of one HLO computation's text ('%x = SHAPE opcode(operands), ...')."""
-  ops = []
-  for line in computation.splitlines():
-    _, eq, rest = line.partition(" = ")
-    if not eq:
-      continue
-    if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
-      depth = 0
-      for i, c in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(c, 0)
-        if not depth:
-          rest = rest[i + 1:]
-          break
-    else:
-      rest = rest.partition(" ")[2]
-    ops.append(rest.strip().partition("(")[0])
-  return ops
-
-
 def kernel_counts(compiled, state) -> dict:
-  """What the optimised step is made of, on the backend that compiled it: the state's parameter arrays, and the
-  instructions and fusions (each one kernel launch on a GPU) of its entry computation, and the reduce ops of the
-  whole module (in fusions included). On an accelerator where each kernel costs a launch, fewer is faster."""
+  """What the optimised step is made of, on the backend that compiled it: the state's parameter arrays, and
+  aot.kernel_counts (the entry computation's instructions and fusions, the module's reduces, the kernels by kind: on
+  an accelerator where each kernel costs a launch, fewer is faster), as electra-compile counts them from a CPU."""
   import jax  # pylint: disable=g-import-not-at-top
-  text = compiled.as_text()
-  entry = text[text.index("\nENTRY "):]
-  entry = entry[:entry.index("\n}")]
-  ops = _opcodes(entry)
-  return dict(param_arrays=len(jax.tree.leaves(state.params)), hlo_instructions=len(ops),
-              fusions=ops.count("fusion"), reduces=_opcodes(text).count("reduce"))
+  from electra_jax import aot  # pylint: disable=g-import-not-at-top
+  return dict(param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
 
 
 def memory_report(compiled) -> dict:

@@ -1,27 +1,35 @@
-"""electra-compile: compile a config's train and evaluation steps for a Cloud TPU slice on this machine (no TPU needed)
-and report whether they fit, what XLA counts and what the TPU cost model expects, before a slice is booked.
+"""electra-compile: compile a config's train and evaluation steps for a Cloud TPU slice or NVIDIA GPUs on this machine
+(no TPU or GPU needed) and report whether they fit, what XLA counts and what the TPU cost model expects, and the
+kernels each step is made of, before a slice or a GPU host is booked.
 
   electra-compile --config=configs/base.py --tpu=v3-8
   electra-compile --config=configs/large.py --tpu=v4-32 --config.train.batch_size=1024
   electra-compile --config=configs/finetune/glue.py:mnli,base --tpu=v3-8 --encoder=base
   electra-compile --config=configs/finetune/qa.py --config.seq_len=512 --tpu=v3-8 --config.init_from=gs://B/export
+  electra-compile --config=configs/small.py --gpu=h200
+  electra-compile --config=configs/base.py --gpu=h100:8
 
 The steps are the commands' own (electra-pretrain's train and eval steps; electra-finetune's train and predict
-steps), jitted over the slice's mesh as the config's mesh.* lays it out, and compiled by XLA's TPU compiler (libtpu:
-the `tpu` extra) from shapes alone: nothing is materialised, read or run. The table gives, per device: the memory plan
-(arguments, temporaries, generated code) against the device's HBM; the step's FLOPs as XLA counts them beside
-electra_jax.flops' model count; the TPU cost model's step time with the tokens/s and MFU it implies, and the time to
-train.num_steps: estimates, not measurements. A step that does not fit ends in one line naming what it needs, the HBM
-and the largest batch that fits (predicted from how the plan grows with the batch, confirmed by compiling it). The
-last line of output is one JSON object. Compiling Base takes minutes on a laptop: far less than a slice's time.
+steps), jitted over the devices' mesh as the config's mesh.* lays it out, and compiled by XLA's TPU compiler (libtpu:
+the `tpu` extra) or its GPU compiler (the CUDA plugin: the `gpu-compile` extra; cuDNN's wheel too for fused attention)
+from shapes alone: nothing is materialised, read or run. The table gives, per device: the memory plan (arguments,
+temporaries, generated code) against the device's HBM (on a GPU, the share JAX's allocator takes); the step's FLOPs as
+XLA counts them beside electra_jax.flops' model count; the TPU cost model's step time with the tokens/s and MFU it
+implies, and the time to train.num_steps: estimates, not measurements (XLA:GPU has no cost model without a device).
+A second table counts each step's kernels by kind (aot.kernel_counts: gemms, cuDNN calls, XLA's fusions, random
+numbers, collectives), each a launch on a GPU; electra-bench counts the same on a real device (on a GPU the compiler
+also autotunes there, which a compile without one does not). A step that does not fit ends in one line naming what it
+needs, the HBM and the largest batch that fits (predicted from how the plan grows with the batch, confirmed by
+compiling it). The last line of output is one JSON object. Compiling Base takes minutes on a laptop.
 """
+import contextlib
 import json
 import time
 
 from absl import flags
 from ml_collections import config_flags
 
-from electra_jax import cli
+from electra_jax import cli, packages, topology
 
 ENCODERS = ("small", "base", "large")
 BERT_VOCAB = 30522  # the paper's vocabulary (BERT's uncased WordPiece), for fine-tuning configs with no tokenizer
@@ -33,6 +41,9 @@ def define_flags():
                                       "get_config()).", lock_config=True),
       flags.DEFINE_string("tpu", None, "The accelerator type, as gcloud names it: v2-8, v3-8, v3-32, v4-8, v4-32, "
                           "v5e-8 (v5litepod-8), v5p-8, v6e-8, ..."),
+      flags.DEFINE_string("gpu", None, "NVIDIA GPUs instead of a TPU slice: GPU[:COUNT] with GPU one of "
+                          f"{', '.join(topology.GPUS)} (A100: 80 GB SXM), COUNT up to {topology.GPUS_PER_HOST} on "
+                          f"one host or hosts of {topology.GPUS_PER_HOST}: h100, h200:8, a100:16."),
       flags.DEFINE_integer("num_slices", 1, "Slices of that type joined over the data-centre network (multislice)."),
       flags.DEFINE_enum("encoder", None, ENCODERS, "Fine-tuning configs without init_from: the paper's encoder of "
                         "this size (bfloat16) instead of config.model.")]
@@ -85,7 +96,7 @@ def _targets(config, encoder, devices):
   return _pretrain_targets(config, devices)
 
 
-def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
+def _fit_error(config, name, slice_, devices, too_large, aot, memory_limit) -> str:
   """The one line for a train step that does not fit, with the largest batch that does (compiled to confirm)."""
   n = len(devices)
   accum = config.train.grad_accum_steps
@@ -95,7 +106,7 @@ def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
     with trial.unlocked():
       trial.train.batch_size = rows * n
     targets = _targets(trial, None, devices)[0]
-    return aot.compile_step(*targets[0])
+    return aot.compile_step(*targets[0], memory_limit=memory_limit)
 
   fit = aot.largest_fit(compile_at, too_large, config.train.batch_size // n, multiple=accum)
   what, room = ("of HBM in all", "of HBM") if too_large.whole else ("of temporaries", "of HBM left for them")
@@ -117,8 +128,8 @@ def _fit_error(config, name, slice_, devices, too_large, aot) -> str:
 
 def _row(r, model_flops, tokens, n, hbm, peak) -> dict:
   row = dict(step=r.name, argument_bytes=r.argument_bytes, temp_bytes=r.temp_bytes, code_bytes=r.code_bytes,
-             peak_bytes=r.peak_bytes, hbm_bytes=hbm, xla_flops=r.flops * n, lower_s=r.lower_s, compile_s=r.compile_s,
-             est_step_s=r.seconds)
+             peak_bytes=r.peak_bytes, hbm_bytes=hbm, xla_flops=None if r.flops is None else r.flops * n,
+             lower_s=r.lower_s, compile_s=r.compile_s, est_step_s=r.seconds, kernels=r.kernels)
   if r.name == "train step":
     row["model_flops"] = model_flops
     if r.seconds:
@@ -127,12 +138,14 @@ def _row(r, model_flops, tokens, n, hbm, peak) -> dict:
   return row
 
 
-def _print_table(rows):
-  cols = [("step", "step", "{}"), ("arguments", "argument_bytes", "gib"), ("temporaries", "temp_bytes", "gib"),
-          ("code", "code_bytes", "gib"), ("peak", "peak_bytes", "gib"), ("HBM", "hbm_bytes", "gib"),
-          ("XLA TFLOP", "xla_flops", "tflop"), ("model TFLOP", "model_flops", "tflop"),
-          ("est. step", "est_step_s", "{:.4f} s"), ("est. tokens/s", "est_tokens_per_sec", "{:,.0f}"),
-          ("est. MFU", "est_mfu", "{:.1%}"), ("lower", "lower_s", "{:.0f} s"), ("compile", "compile_s", "{:.0f} s")]
+COLUMNS = [("step", "step", "{}"), ("arguments", "argument_bytes", "gib"), ("temporaries", "temp_bytes", "gib"),
+           ("code", "code_bytes", "gib"), ("peak", "peak_bytes", "gib"), ("HBM", "hbm_bytes", "gib"),
+           ("XLA TFLOP", "xla_flops", "tflop"), ("model TFLOP", "model_flops", "tflop"),
+           ("est. step", "est_step_s", "{:.4f} s"), ("est. tokens/s", "est_tokens_per_sec", "{:,.0f}"),
+           ("est. MFU", "est_mfu", "{:.1%}"), ("lower", "lower_s", "{:.0f} s"), ("compile", "compile_s", "{:.0f} s")]
+
+
+def _print_table(rows, cols):
 
   def cell(row, key, fmt):
     v = row.get(key)
@@ -150,10 +163,15 @@ def _print_table(rows):
     print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
 
 
-def main(config, tpu, num_slices, encoder):
+def main(config, tpu, gpu, num_slices, encoder):
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import aot, flops, sharding, topology  # pylint: disable=g-import-not-at-top
-  slice_ = topology.parse(tpu, num_slices)
+  from electra_jax import aot, flops, sharding  # pylint: disable=g-import-not-at-top
+  if bool(tpu) == bool(gpu):
+    raise ValueError("give one target: --tpu=TYPE (a Cloud TPU slice) or --gpu=GPU[:COUNT] (NVIDIA GPUs)")
+  if gpu and num_slices != 1:
+    raise ValueError("--num_slices applies to TPU slices; for more GPUs give --gpu=GPU:COUNT")
+  slice_ = topology.parse_gpu(gpu) if gpu else topology.parse(tpu, num_slices)
+  memory_limit = slice_.hbm_bytes_per_device if gpu else None  # libtpu holds a plan to the HBM itself
   devices = slice_.devices()
   n, kind = len(devices), devices[0].device_kind
   name = config_flags.get_config_filename(flags.FLAGS["config"])
@@ -165,18 +183,23 @@ def main(config, tpu, num_slices, encoder):
   reports = []
   for target in targets:
     try:
-      reports.append(aot.compile_step(*target))
+      with _cudnn_named():
+        reports.append(aot.compile_step(*target, memory_limit=memory_limit))
     except aot.OutOfMemory as e:
       if e.name != "train step":
         raise ValueError(f"{name}'s {e.name} does not fit a {slice_.name} device: {e}") from None
-      raise ValueError(_fit_error(config, name, slice_, devices, e, aot)) from None
+      raise ValueError(_fit_error(config, name, slice_, devices, e, aot, memory_limit)) from None
   peak = flops.peak_flops(devices[0])
   rows = [_row(r, model_flops, tokens, n, slice_.hbm_bytes_per_device, peak) for r in reports]
-  _print_table(rows)
+  _print_table(rows, COLUMNS)
+  print()
+  _print_table([dict(step=r["step"], total=sum(r["kernels"].values()), **r["kernels"]) for r in rows],
+               [("kernels", "step", "{}")] + [(k, k, "{:,}") for k in (*aot.KERNEL_KINDS, "total")])
   train = rows[0]
-  result = dict(config=name, tpu=slice_.name, devices=n, device_kind=kind, hosts=slice_.num_hosts,
-                batch=config.train.batch_size, what=what, steps=rows, jax=jax.__version__,
-                libtpu=_libtpu_version(), total_s=time.perf_counter() - t0)
+  compiler = "jax-cuda12-plugin" if gpu else "libtpu"
+  result = dict(config=name, **{"gpu" if gpu else "tpu": slice_.name}, devices=n, device_kind=kind,
+                hosts=slice_.num_hosts, batch=config.train.batch_size, what=what, steps=rows, jax=jax.__version__,
+                **{compiler: _version(compiler)}, total_s=time.perf_counter() - t0)
   if train.get("est_step_s") and "task" not in config:
     days = config.train.num_steps * train["est_step_s"] / 86400
     result["est_days_to_num_steps"] = days
@@ -185,13 +208,26 @@ def main(config, tpu, num_slices, encoder):
   print(json.dumps(result))
 
 
-def _libtpu_version():
+@contextlib.contextmanager
+def _cudnn_named():
+  """JAX looks for cuDNN's library only when it traces fused attention for an NVIDIA GPU: its absence named as the
+  missing package it is."""
+  try:
+    yield
+  except RuntimeError as e:
+    if "cuDNN" in str(e):
+      packages.require("nvidia.cudnn", "fused attention for NVIDIA GPUs (cuDNN's flash attention; "
+                       "model.attention_impl=einsum compiles without it)")
+    raise
+
+
+def _version(package: str) -> str:
   from importlib import metadata  # pylint: disable=g-import-not-at-top
-  return metadata.version("libtpu")
+  return metadata.version(package)
 
 
 def run():
-  cli.run("electra-compile", __doc__, main, define_flags(), required=["config", "tpu"], needs=["libtpu"])
+  cli.run("electra-compile", __doc__, main, define_flags(), required=["config"])
 
 
 if __name__ == "__main__":

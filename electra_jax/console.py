@@ -46,12 +46,14 @@ def accelerator_attached() -> bool:
 
 
 def choose_platforms():
-  """JAX_PLATFORMS=cpu where libtpu is installed (the tpu extra, for electra-compile) and neither a TPU nor a GPU is
-  attached: JAX would otherwise start libtpu, which prints its failed start ("Failed to find host bounds",
-  "TPU_WORKER_HOSTNAMES", "No jellyfish device found") before a command's first line. electra-compile needs no TPU
-  backend: libtpu describes TPU slices under JAX_PLATFORMS=cpu. On a TPU VM or a GPU host JAX chooses as it always
-  does, and a JAX_PLATFORMS of the user's (empty: JAX chooses) always wins. Call before anything starts JAX."""
-  if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None or accelerator_attached():
+  """JAX_PLATFORMS=cpu where libtpu or the CUDA plugin is installed (the tpu and gpu-compile extras, for
+  electra-compile) and neither a TPU nor a GPU is attached: JAX would otherwise start libtpu, which prints its failed
+  start ("Failed to find host bounds", "TPU_WORKER_HOSTNAMES", "No jellyfish device found"), or the plugin ("Jax
+  plugin configuration error" with a traceback) before a command's first line. electra-compile needs neither backend:
+  they describe TPU slices and GPUs under JAX_PLATFORMS=cpu. On a TPU VM or a GPU host JAX chooses as it always does,
+  and a JAX_PLATFORMS of the user's (empty: JAX chooses) always wins. Call before anything starts JAX."""
+  if ("JAX_PLATFORMS" in os.environ or accelerator_attached() or
+      not any(importlib.util.find_spec(m) for m in ("libtpu", "jax_cuda12_plugin"))):
     return
   os.environ["JAX_PLATFORMS"] = "cpu"  # read when jax is imported; the programs this one starts inherit it
   jax = sys.modules.get("jax")

@@ -176,8 +176,9 @@ class Embeddings(nn.Module):
 
 def fused_kernel(dtype) -> str | None:
   """jax.nn.dot_product_attention's implementation for "fused": "cudnn" where cuDNN's flash attention runs (an
-  NVIDIA GPU, 16-bit inputs), else None (JAX's XLA lowering)."""
-  device = jax.devices()[0]
+  NVIDIA GPU, 16-bit inputs), else None (JAX's XLA lowering). The device is the mesh's a step is traced for (which
+  electra-compile's GPUs are, from a CPU host), else this host's."""
+  device = jax.sharding.get_abstract_mesh().abstract_device or jax.devices()[0]
   nvidia = device.platform == "gpu" and "NVIDIA" in device.device_kind
   return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
 

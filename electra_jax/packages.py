@@ -11,6 +11,8 @@ _SOURCES = {
     "tensorboardX": ("tensorboardX", None),
     "matplotlib": ("matplotlib", "finetune"),
     "libtpu": ("libtpu", "tpu"),
+    "jax_cuda12_plugin": ("jax-cuda12-plugin", "gpu-compile"),
+    "nvidia.cudnn": ("nvidia-cudnn-cu12", "gpu-compile-cudnn"),
     "apache_beam": ("apache-beam", "beam"),
 }
 

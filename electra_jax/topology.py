@@ -1,8 +1,10 @@
-"""Cloud TPU slices as the TPU compiler sees them, from any host: an accelerator type (gcloud's names: v3-8, v4-32,
-v5litepod-16 alias v5e-16, v5p-8, v6e-8) and a slice count become the slice's devices
-(jax.experimental.topologies, through libtpu: the `tpu` extra), with each device's HBM (flops.py has their peaks).
+"""Cloud TPU slices and NVIDIA GPU hosts as their compilers see them, from any host: an accelerator type (gcloud's
+names: v3-8, v4-32, v5litepod-16 alias v5e-16, v5p-8, v6e-8) and a slice count, or a GPU and a count (h100, h200:8,
+a100:16), become their devices (jax.experimental.topologies, through libtpu, the `tpu` extra, or through XLA's GPU
+compiler in the CUDA plugin, the `gpu-compile` extra, from the device descriptions in gpu_targets/), with each device's
+HBM (flops.py has their peaks).
 
-No TPU is needed: the devices are descriptions a program can be compiled for, never run on.
+No TPU or GPU is needed: the devices are descriptions a program can be compiled for, never run on.
 """
 import contextlib
 import dataclasses
@@ -135,3 +137,63 @@ def parse(accelerator_type: str, num_slices: int = 1) -> Slice:
     host = (2, 2, 1)
   name = f"{generation}-{size}"
   return Slice(name, generation, chips, num_slices, shape, host)
+
+
+# XLA's descriptions of each GPU (stream_executor.GpuTargetConfigProto in text form, shipped in gpu_targets/).
+GPUS = {"h100": "h100.txtpb", "h200": "h200.txtpb", "a100": "a100.txtpb"}
+GPUS_PER_HOST = 8  # an HGX/DGX host; larger counts are whole hosts of 8
+# What JAX's GPU allocator takes of a device's memory at start-up, unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise.
+DEFAULT_MEM_FRACTION = 0.75
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuHosts:
+  """`num_devices` NVIDIA GPUs of one kind, on one host or on hosts of GPUS_PER_HOST."""
+  gpu: str
+  num_devices: int
+
+  @property
+  def num_hosts(self) -> int:
+    return max(1, self.num_devices // GPUS_PER_HOST)
+
+  @property
+  def name(self) -> str:
+    return self.gpu if self.num_devices == 1 else f"{self.num_devices} x {self.gpu}"
+
+  @property
+  def target_config(self) -> str:
+    with open(os.path.join(os.path.dirname(__file__), "gpu_targets", GPUS[self.gpu]), encoding="utf-8") as f:
+      return f.read()
+
+  @property
+  def hbm_bytes_per_device(self) -> int:
+    """What a step may use of a device: the share of its memory JAX's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION,
+    as on the GPU host; default DEFAULT_MEM_FRACTION). XLA:GPU compiles a plan of any size: aot.py holds it to this."""
+    memory = int(re.search(r"device_memory_size: (\d+)", self.target_config).group(1))
+    return int(memory * float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION)))
+
+  def devices(self) -> list:
+    """The GPUs, from XLA's description of the device (no GPU needed; nothing is autotuned without one)."""
+    packages.require("jax_cuda12_plugin", f"compiling for {self.name} GPUs")
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    per_host = min(self.num_devices, GPUS_PER_HOST)
+    try:
+      desc = topologies.get_topology_desc(platform="cuda", topology=f"1x{self.num_hosts}x{per_host}",
+                                          target_config=self.target_config)
+    except Exception as e:  # pylint: disable=broad-except  (the plugin's errors have no common type)
+      raise ValueError(f"cannot describe {self.name} GPUs: {' '.join(str(e).split())[:300]}") from None
+    return list(desc.devices)
+
+
+def parse_gpu(spec: str) -> GpuHosts:
+  """GPU[:COUNT]: h100, h200 or a100 (80 GB SXM), one of them or COUNT (up to GPUS_PER_HOST on one host, or whole
+  hosts of GPUS_PER_HOST)."""
+  gpu, _, count = spec.strip().lower().partition(":")
+  if gpu not in GPUS or not re.fullmatch(r"\d*", count):
+    raise ValueError(f"unknown GPU {spec!r}: expected GPU[:COUNT] with GPU one of {', '.join(GPUS)}, e.g. h100, "
+                     "h200:8, a100:16")
+  n = int(count or 1)
+  if n < 1 or (n > GPUS_PER_HOST and n % GPUS_PER_HOST):
+    raise ValueError(f"--gpu={spec}: the count must be 1 to {GPUS_PER_HOST} GPUs (one host) or a multiple of "
+                     f"{GPUS_PER_HOST} (hosts of {GPUS_PER_HOST})")
+  return GpuHosts(gpu, n)

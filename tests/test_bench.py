@@ -52,6 +52,9 @@ def test_bench_reports_json():
   # FLOP/s of the window: one step's FLOPs per step time, not per window
   assert math.isclose(result["tflops_per_device"] * 1e12 * result["step_time_s"], result["step_flops"], rel_tol=1e-6)
   assert result["peak_memory_bytes"] >= result["argument_bytes"] > 0 and math.isfinite(result["loss"])
+  # The compiled step's kernels by kind, counted as electra-compile counts them (aot.kernel_counts).
+  assert 0 < result["fusions"] <= result["kernels"] == sum(result["kernel_kinds"].values())
+  assert result["kernel_kinds"]["rng"] > 0 and result["kernel_kinds"]["collective"] == 0
 
 
 @pytest.mark.slow

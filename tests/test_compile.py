@@ -1,11 +1,14 @@
-"""electra-compile with XLA's real TPU compiler (libtpu, the tpu extra) on this CPU-only machine: the commands' own
-steps compile for single- and multi-host slices, a batch too large for HBM ends in one line naming one that fits
-(which then compiles), and XLA's FLOPs stand beside flops.py's."""
+"""electra-compile with XLA's real TPU compiler (libtpu, the tpu extra) and GPU compiler (the CUDA plugin, the
+gpu-compile extra) on this CPU-only machine: the commands' own steps compile for single- and multi-host slices and for
+an H100, a batch too large for HBM ends in one line naming one that fits (which then compiles), XLA's FLOPs stand
+beside flops.py's, and a GPU step's kernels are counted by kind."""
 import json
 import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from electra_jax import aot, topology
@@ -136,3 +139,51 @@ def test_a_search_whose_tries_all_miss_names_the_one_row_batch_as_such():
 
   fit = aot.largest_fit(compile_at, aot.OutOfMemory("train step", 14 * gib, hbm - fixed, False, "out of HBM"), 256)
   assert (fit.rows_per_device, fit.missed) == (1, 3) and compiled[0] == 1 and len(compiled) == 4, (fit, compiled)
+
+
+@pytest.mark.parametrize("spec, devices, hosts", [("h100", 1, 1), ("h200:8", 8, 1), ("a100:16", 16, 2)])
+def test_gpus_describe_their_devices_and_memory(spec, devices, hosts):
+  gpus = topology.parse_gpu(spec)
+  found = gpus.devices()
+  assert (len(found), gpus.num_hosts, len({d.process_index for d in found})) == (devices, hosts, hosts)
+  assert found[0].platform == "gpu" and found[0].device_kind.startswith(f"NVIDIA {spec[:4].upper()}")
+  memory = {"h100": 84942979072, "h200": 151397597184, "a100": 85100068864}[gpus.gpu]
+  assert gpus.hbm_bytes_per_device == int(memory * topology.DEFAULT_MEM_FRACTION)  # JAX's allocator's share
+  for bad in ("h300", "h100:12", "h100:0", "v3-8"):
+    with pytest.raises(ValueError):
+      topology.parse_gpu(bad)
+
+
+def test_a_gpu_plan_beyond_the_memory_limit_is_out_of_memory_and_kernels_are_counted_by_kind():
+  """XLA:GPU compiles a plan of any size: compile_step holds it to the limit, in the terms the fit search reads."""
+  mesh = jax.make_mesh((1,), ("x",), devices=topology.parse_gpu("h100").devices())
+  x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=jax.sharding.NamedSharding(mesh, jax.P()))
+  step = jax.jit(lambda a, b: jnp.sum(jax.nn.gelu(a @ b)))
+  fits = aot.compile_step("train step", step, (x, x), memory_limit=2**30)
+  assert fits.flops is None and fits.peak_bytes > 4 * 2**20
+  kinds = fits.kernels
+  assert kinds["gemm"] == 1 and kinds["reduction"] >= 1 and kinds["collective"] == kinds["cudnn"] == 0, kinds
+  with pytest.raises(aot.OutOfMemory) as e:
+    aot.compile_step("train step", step, (x, x), memory_limit=fits.peak_bytes - 1)
+  assert (e.value.need_bytes, e.value.available_bytes, e.value.whole) == (fits.peak_bytes, fits.peak_bytes - 1, True)
+
+
+@pytest.mark.slow
+def test_pretraining_steps_compile_for_an_h100_with_their_kernels_by_kind():
+  """From this CPU, with no GPU: the plan against JAX's share of an H100's memory, no FLOPs or cost model (XLA:GPU
+  has none without a device), and each step's kernels: gemms, XLA's fusions, dropout's random numbers, no
+  collective on one GPU, no cuDNN call with the einsum attention."""
+  out = compile_command("--config=configs/tiny.py", "--gpu=h100")
+  result = report(out)
+  assert (result["gpu"], result["devices"], result["device_kind"]) == ("h100", 1, "NVIDIA H100 80GB HBM3")
+  train, evaluate = result["steps"]
+  assert (train["step"], evaluate["step"]) == ("train step", "eval step")
+  assert 0 < train["peak_bytes"] < train["hbm_bytes"] == int(84942979072 * topology.DEFAULT_MEM_FRACTION)
+  assert train["xla_flops"] is None and train["est_step_s"] is None
+  for step in (train, evaluate):
+    kinds = step["kernels"]
+    assert set(kinds) == set(aot.KERNEL_KINDS)
+    assert kinds["gemm"] > 0 and kinds["elementwise"] > 0 and kinds["rng"] > 0, kinds
+    assert kinds["collective"] == kinds["cudnn"] == 0, kinds
+  assert sum(train["kernels"].values()) > sum(evaluate["kernels"].values())  # the backward pass and the update
+  assert "kernels     gemm  cudnn  elementwise" in out.stdout
