@@ -243,6 +243,10 @@ class Checkpointer:
       if differ:
         raise CorruptCheckpointError(step, f"{where} is corrupt: the bytes of {len(differ)} of its {len(sums)} arrays "
                                      f"(e.g. {differ[0]}) differ from the checksums saved with it")
+    bad = non_finite(state)
+    if bad:  # written by older code, which could save a diverged state: no start for a run nor an export
+      raise CorruptCheckpointError(step, f"{where} holds non-finite values (NaN/Inf in {len(bad)} arrays, e.g. "
+                                   f"{bad[0]}): the run that wrote it had diverged")
     rng = None if saved.rng is None else jax.random.wrap_key_data(np.asarray(saved.rng, np.uint32))
     self.restored_step = step
     return Restored(state, extra, rng, saved.config)
@@ -407,6 +411,19 @@ def _sum32(x: jax.Array) -> jax.Array:
   for axis, stride in enumerate(np.cumprod((words.shape + (1,))[:0:-1])[::-1]):
     place += jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) * jnp.uint32(stride % 2**32)
   return jnp.sum(words * (place * 2 + 1) * jnp.uint32(0x9E3779B1), dtype=jnp.uint32)
+
+
+def non_finite(tree) -> list[str]:
+  """The names of `tree`'s floating-point arrays that hold a NaN or Inf: one flag per array, computed where it lives
+  and fetched together."""
+  named = [(name, x) for name, x in _named_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  flags = jax.device_get(_all_finite([x for _, x in named])) if named else []
+  return [name for (name, _), finite in zip(named, flags) if not finite]
+
+
+@jax.jit
+def _all_finite(leaves):
+  return [jnp.isfinite(x).all() for x in leaves]
 
 
 def _crc32s(tree) -> dict:

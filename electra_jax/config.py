@@ -21,14 +21,17 @@ SIZE_KEYS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "emb
 
 
 # train.* keys of every loop that must be at least 1.
-COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints")
+COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
-  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS."""
+  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, and
+  train.spike_factor >= 0 (the loop's guard)."""
   for key in (*counts, *COUNTS):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")
+  if train.spike_factor < 0:
+    raise ValueError(f"train.spike_factor={train.spike_factor} must be at least 0 (0: no spike check)")
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
@@ -116,7 +119,14 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # Trace this many steps, after the first (compiling) one, with jax.profiler into <workdir>/tensorboard
       # (TensorBoard's profile tab); 0 = none.
       profile_steps=0,
-      debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must stop and keep step k-1's save
+      # A step whose loss, gradient norm or updated weights are not finite is not applied (state.apply_gradients);
+      # this many in a row stop the run, keeping its newest checkpoint (loop.Guard).
+      max_bad_steps=5,
+      # A step's loss above spike_factor times the median of the last loop.SPIKE_WINDOW steps' is reported as a
+      # loss spike, a sign of weights diverging (0: never); stop_on_spike also stops the run there.
+      spike_factor=10.0,
+      stop_on_spike=False,
+      debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(
       # Comma-separated: globs of plain text (a blank line or a new file starts a document) and of task files

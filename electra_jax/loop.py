@@ -2,8 +2,10 @@
 progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
 resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
 checkpoints carry."""
+import collections
 import gc
 import math
+import statistics
 import os
 import sys
 from typing import Callable, Protocol, Sequence
@@ -16,18 +18,60 @@ from electra_jax import metrics as metrics_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.state import TrainState
 
-def check_finite(step: int, loss: float, grad_norm: float, ckpt: checkpoints.Checkpointer):
-  """Raises FloatingPointError on a NaN/Inf loss or gradient norm, naming the checkpoint the run can go back to."""
-  if math.isfinite(loss) and math.isfinite(grad_norm):
-    return
-  where = f"loss={loss} grad_norm={grad_norm} at step {step}"
-  if ckpt.last_saved is None and ckpt.restored_step == step - 1:  # no good step since the restore vouches for it
-    raise FloatingPointError(f"{where}, the first step after resuming from step {step - 1}: that checkpoint may be "
-                             f"corrupt ({ckpt.directory}/{step - 1}); move it aside to resume from the one before, "
-                             "or use a new --workdir")
-  kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
-  raise FloatingPointError(f"{where}: stopped without saving it" +
-                           (f"; the last good checkpoint is kept (step {kept} under {ckpt.directory})" if kept else ""))
+SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured against (train.spike_factor)
+
+
+class Guard:
+  """Watches each step's fetched loss, gradient norm and `skipped` flag (state.apply_gradients: a step whose loss,
+  gradient norm or updated weights are not finite is not applied). Warns of each step not applied and stops the run
+  (FloatingPointError, one line naming the step and the checkpoint kept) at train.max_bad_steps of them in a row;
+  warns of a loss above train.spike_factor times the median of the last SPIKE_WINDOW applied steps' (a sign of
+  weights diverging before they overflow), and stops there too under train.stop_on_spike. The state is never saved
+  after the step that stops the run; every checkpoint holds weights checked finite."""
+
+  def __init__(self, ckpt: checkpoints.Checkpointer, max_bad_steps: int, spike_factor: float = 0.0,
+               stop_on_spike: bool = False):
+    self._ckpt, self._max_bad = ckpt, max_bad_steps
+    self._spike_factor, self._stop_on_spike = spike_factor, stop_on_spike
+    self._bad = 0  # steps not applied in a row
+    self._recent = collections.deque(maxlen=SPIKE_WINDOW)  # the losses of the last applied steps
+
+  def check(self, step: int, loss: float, grad_norm: float, skipped: bool):
+    where = f"loss={loss} grad_norm={grad_norm} at step {step}"
+    if skipped:
+      self._bad += 1
+      if math.isfinite(loss) and math.isfinite(grad_norm):
+        where += " (its update left the weights non-finite)"
+      if self._bad >= self._max_bad:
+        raise FloatingPointError(self._stopped(step, f"{where}: {self._bad} non-finite steps in a row "
+                                                     f"(train.max_bad_steps), none of them applied"))
+      logging.warning("%s: not applied (%d non-finite in a row; train.max_bad_steps=%d stops the run)", where,
+                      self._bad, self._max_bad)
+      return
+    self._bad = 0
+    median = statistics.median(self._recent) if self._recent else 0.0
+    self._recent.append(loss)
+    if self._spike_factor and median > 0 and loss > self._spike_factor * median:
+      spike = (f"loss={loss:.4g} at step {step} is {loss / median:.0f}x the median of the last {len(self._recent) - 1} "
+               f"steps' ({median:.4g}): a loss spike, the weights may be diverging")
+      if self._stop_on_spike:
+        raise FloatingPointError(self._stopped(step, f"{spike} (train.stop_on_spike)", step - 1))
+      logging.warning("%s", spike)
+
+  def _stopped(self, step: int, why: str, gave_it: int | None = None) -> str:
+    """`why` the run stops at `step`, and the checkpoint it keeps (`gave_it`: the step whose weights gave the loss
+    that stops it)."""
+    ckpt = self._ckpt
+    resumed = ckpt.restored_step
+    if ckpt.last_saved is None and resumed is not None and resumed == step - self._bad:  # nothing good since it
+      return (f"{why}, every step since resuming from step {resumed}: its weights are finite but lead to non-finite "
+              f"steps; lower train.learning_rate, or move {ckpt.directory}/{resumed} aside to resume from the one "
+              "before")
+    kept = ckpt.latest_step() if ckpt.last_saved is None else ckpt.last_saved
+    if not kept:
+      return f"{why}; stopped without saving it (no checkpoint was saved)"
+    note = ", the weights that gave this loss" if kept == gave_it else ""
+    return f"{why}; stopped without saving it; the newest checkpoint is kept (step {kept}{note} under {ckpt.directory})"
 
 
 class InFlight:
@@ -35,20 +79,20 @@ class InFlight:
   reads a step's metrics two steps late, so that the next steps are queued while it waits (multi-process CPU needs
   the sync at some depth)."""
 
-  def __init__(self, ckpt: checkpoints.Checkpointer):
-    self._ckpt = ckpt
+  def __init__(self, guard: Guard):
+    self._guard = guard
     self._pending = []  # (step, its metrics on the device)
 
   def push(self, step: int, step_metrics: dict, fetch_all: bool) -> list[float]:
     """Adds a step; fetches the pending steps but the newest (all of them if `fetch_all`: before the state is
-    logged, evaluated or saved), checks that their losses and gradient norms are finite, returns their losses."""
+    logged, evaluated or saved), has the guard check them, returns the losses of those applied."""
     self._pending.append((step, step_metrics))
     keep = 0 if fetch_all else 2
     done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
-    values = jax.device_get([(m["loss"], m["grad_norm"]) for _, m in done])
-    for (s, _), (loss, grad_norm) in zip(done, values):
-      check_finite(s, float(loss), float(grad_norm), self._ckpt)
-    return [float(loss) for loss, _ in values]
+    values = jax.device_get([(m["loss"], m["grad_norm"], m["skipped"]) for _, m in done])
+    for (s, _), (loss, grad_norm, skipped) in zip(done, values):
+      self._guard.check(s, float(loss), float(grad_norm), bool(skipped))
+    return [float(loss) for loss, _, skipped in values if not skipped]
 
 
 class Body(Protocol):
@@ -60,8 +104,8 @@ class Body(Protocol):
   def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
                  eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
     """Logs (to `writer`, the run's) and evaluates as the step asks (`losses`: those of the steps fetched since the
-    last call, every one checked finite; all of them up to `step` when it logs or evaluates); returns the progress
-    bar's postfix, if any."""
+    last call and applied, every one finite; all of them up to `step` when it logs or evaluates); returns the
+    progress bar's postfix, if any."""
 
   def extra(self) -> dict:
     """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
@@ -70,12 +114,13 @@ class Body(Protocol):
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
         log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
         writer: metrics_lib.Writer, clock: goodput.Clock, closers: Sequence[Callable[[], object]],
-        done: Callable[[], bool] = lambda: False, profile_steps: int = 0,
-        peer_timeout_s: float = 0) -> tuple[TrainState, bool]:
-  """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss and grad_norm)`) to `num_steps`:
-  logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never a non-finite state,
-  nor over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when
-  SIGTERM/SIGINT stops the run. Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
+        done: Callable[[], bool] = lambda: False, profile_steps: int = 0, peer_timeout_s: float = 0,
+        max_bad_steps: int = 1, spike_factor: float = 0.0, stop_on_spike: bool = False) -> tuple[TrainState, bool]:
+  """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss, grad_norm and skipped)`, as
+  state.apply_gradients) to `num_steps`: logging every `log_every` steps, evaluating every `eval_every`, both at the
+  end; saving (never over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and
+  when SIGTERM/SIGINT stops the run. Stops in one line after `max_bad_steps` steps not applied in a row, and warns of
+  (or, with `stop_on_spike`, stops at) a loss above `spike_factor` times its recent median (Guard). Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
   step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
   end; traces `profile_steps` steps after the first (compiling) one into the workdir's tensorboard/ for TensorBoard's
   profile plugin. With several processes, ends this one in one line once another has given no sign of life for
@@ -84,7 +129,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
-  in_flight = InFlight(ckpt)
+  in_flight = InFlight(Guard(ckpt, max_bad_steps, spike_factor, stop_on_spike))
   first = int(state.step) + 1
   profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
 

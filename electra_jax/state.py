@@ -1,13 +1,15 @@
-"""The train state and its one sharded init: pre-training and fine-tuning both build theirs here, and jit their steps
-over it with sharding.Sharded, so both get the same placement, donation and activation-sharding rules."""
+"""The train state, its one sharded init and its one update: pre-training and fine-tuning both build theirs here, and
+jit their steps over it with sharding.Sharded, so both get the same placement, donation and activation-sharding rules,
+and the same guard against a non-finite update."""
 from typing import Any, Callable
 
 import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 
-from electra_jax import sharding
+from electra_jax import optim, sharding
 
 
 @flax.struct.dataclass
@@ -15,6 +17,28 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+
+
+def apply_gradients(state: TrainState, loss: jax.Array, grads, tx: optax.GradientTransformation,
+                    flat: bool) -> tuple[TrainState, dict]:
+  """`state` after one optax update by `grads` (of `loss`; `flat`: the flat update's, optim.py), applied only where
+  it is finite: where the loss, the gradient's global norm or the updated parameters are not, the step keeps the
+  parameters and optimiser state as they were (optax's apply_if_finite, over the whole state: so the saved state is
+  always the checked one) and only counts the step. Returns the state and the metrics loss, grad_norm and skipped
+  (1 for a step not applied; the loop counts them in a row, loop.Guard)."""
+  grad_norm = optim.global_norm(grads, flat)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite(params)
+  kept = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+  new = TrainState(step=state.step + 1, params=kept(params, state.params), opt_state=kept(opt_state, state.opt_state))
+  return new, dict(loss=loss, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
+
+
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point value in `tree` is finite: one boolean, reduced where the arrays live."""
+  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+                            if jnp.issubdtype(x.dtype, jnp.inexact)] or [jnp.bool_(True)]))
 
 
 def create(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation,

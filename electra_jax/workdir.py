@@ -20,12 +20,12 @@ from jax.experimental import multihost_utils
 
 from electra_jax import storage
 
-# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, layout and memory (mesh, remat,
-# micro-batches), locations, and fine-tuning's overwrite (which only acts on another run). Any other difference means
-# another run, which resuming would silently mix in.
+# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
+# layout and memory (mesh, remat, micro-batches), locations, and fine-tuning's overwrite (which only acts on another
+# run). Any other difference means another run, which resuming would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
-                  "train.peer_timeout_s",
+                  "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
                   "mesh.", "model.remat",
                   "train.grad_accum_steps", "data.data_dir", "data.num_workers", "overwrite")
 

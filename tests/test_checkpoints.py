@@ -100,13 +100,14 @@ def runs(tiny_data, env, straight, tmp_path_factory, request):
   base = tmp_path_factory.mktemp("runs")
 
   def nan():
-    """Both runs (NaN at step 5, then again on the same workdir), a copy of the workdir after the first, the
-    workdir."""
+    """Both runs (NaN at step 5 with train.max_bad_steps=1, then again on the same workdir), a copy of the workdir
+    after the first, the workdir."""
     workdir = base / "nan"
     straight.compiled()
-    first = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+    nan_at_5 = ("--config.train.debug_nan_at_step=5", "--config.train.max_bad_steps=1")
+    first = cli.run(env, config, workdir, *RUN, *nan_at_5)
     shutil.copytree(workdir, base / "nan_after_first")
-    again = cli.run(env, config, workdir, *RUN, "--config.train.debug_nan_at_step=5")
+    again = cli.run(env, config, workdir, *RUN, *nan_at_5)
     return first, base / "nan_after_first", again, workdir
 
   def corrupt():
@@ -179,18 +180,20 @@ def test_nan_stops_at_its_step_and_keeps_the_last_good_checkpoint(straight, runs
   out, after_first, again, workdir = runs[request.node.originalname].result()
   assert out.returncode == 1
   last = out.stderr.strip().splitlines()[-1]
-  assert last.startswith("electra-pretrain: error: loss=nan grad_norm=nan at step 5: stopped without saving it; the "
-                         "last good checkpoint is kept (step 4 under "), last
+  assert last.startswith("electra-pretrain: error: loss=nan grad_norm=nan at step 5: 1 non-finite steps in a row "
+                         "(train.max_bad_steps), none of them applied; stopped without saving it; the newest "
+                         "checkpoint is kept (step 4 under "), last
   assert cli.checkpoint_dirs(after_first) == ["2", "4"] and cli.logged_steps(after_first) == [1, 2, 3, 4]
   _assert_same_params(_params(straight(), 4), _params(after_first, 4))
 
-  # NaN on the first step after a restore: that checkpoint is suspect, not "good".
+  # Non-finite from the first step after a restore: the checkpoint's weights are finite (checked as restored) but
+  # lead straight to non-finite steps.
   out = again
   last = out.stderr.strip().splitlines()[-1]
   assert out.returncode == 1 and re.fullmatch(
-      r"electra-pretrain: error: loss=nan grad_norm=nan at step 5, the first step after resuming from step 4: that "
-      r"checkpoint may be corrupt \(.*/checkpoints/4\); move it aside to resume from the one before, or use a new "
-      r"--workdir", last), last
+      r"electra-pretrain: error: loss=nan grad_norm=nan at step 5: 1 non-finite steps in a row \(train.max_bad_steps\), "
+      r"none of them applied, every step since resuming from step 4: its weights are finite but lead to non-finite "
+      r"steps; lower train.learning_rate, or move .*/checkpoints/4 aside to resume from the one before", last), last
   assert cli.checkpoint_dirs(workdir) == ["2", "4"]
 
 

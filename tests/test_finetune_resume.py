@@ -95,8 +95,9 @@ def test_sigterm_then_rerun_equals_an_uninterrupted_run(setup):
 
 
 def test_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(setup):
-  """A learning rate of 1e30 makes the loss overflow within a few steps: the command exits 1 with one line naming the
-  step, saves nothing from that step on, writes no best model or results, and the checkpoints it kept are finite."""
+  """A learning rate of 1e30 makes the loss overflow within a few steps: none of those steps is applied, and at the
+  fifth in a row (train.max_bad_steps) the command exits 1 with one line naming the step; it saves nothing from that
+  step on, writes no best model or results, and the checkpoints it kept are finite."""
   d, overrides = setup
   workdir = d / "diverges"
   proc = _cli(workdir, {**overrides, "train.learning_rate": 1e30, "train.checkpoint_every": 1},
@@ -104,8 +105,9 @@ def test_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(set
   _, err = proc.communicate(timeout=300)
   line = err.strip().splitlines()[-1]
   assert proc.returncode == 1, err[-3000:]
-  match = re.fullmatch(r"electra-finetune: error: loss=\S+ grad_norm=\S+ at step (\d+): stopped without saving it"
-                       r"(; the last good checkpoint is kept \(step (\d+) under .*\))?", line)
+  match = re.fullmatch(r"electra-finetune: error: loss=\S+ grad_norm=\S+ at step (\d+).*: 5 non-finite steps in a "
+                       r"row \(train.max_bad_steps\), none of them applied; stopped without saving it"
+                       r"(; the newest checkpoint is kept \(step (\d+) under .*\))?", line)
   assert match, line
   bad = int(match[1])
   saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())

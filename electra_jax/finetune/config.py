@@ -85,6 +85,11 @@ def base_config() -> ml_collections.ConfigDict:
       keep_checkpoints=1,
       peer_timeout_s=pretrain.train.peer_timeout_s,  # as pre-training's: a lost process ends the run in one line
       profile_steps=0,  # as pre-training's: a jax.profiler trace of this many steps into <workdir>/tensorboard
+      max_bad_steps=pretrain.train.max_bad_steps,  # as pre-training's: non-finite steps are not applied
+      # No loss-spike warning by default: late in fine-tuning the loss nears 0, and one hard batch is many times the
+      # median; set it as pre-training's spike_factor to watch for divergence.
+      spike_factor=0.0,
+      stop_on_spike=False,
       # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
       # clipping) are pre-training's.
       **{k: pretrain.train[k] for k in ("optimizer", "flat_update", "weight_decay", "adam_b1", "adam_b2",

@@ -24,8 +24,8 @@ from electra_jax.finetune.heads import Head, Split, load_task
 
 
 def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1, flat=False):
-  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py); `flat`: whether
-  the update is flat (optim.py)."""
+  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py), applied only where
+  it is finite (state.apply_gradients); `flat`: whether the update is flat (optim.py)."""
   step_rng = jax.random.fold_in(rng, state.step)
 
   def loss_and_grad(micro, rows):
@@ -39,9 +39,7 @@ def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accu
     return jax.value_and_grad(loss_fn, has_aux=True)(state.params)
 
   (value, _), grads = accumulate.gradients(loss_and_grad, batch, accum_steps)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new_state = state_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
-  return new_state, dict(loss=value, grad_norm=optim.global_norm(grads, flat))
+  return state_lib.apply_gradients(state, value, grads, tx, flat)
 
 
 @functools.lru_cache(maxsize=1)

@@ -30,7 +30,7 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
 def train(plan: plan_lib.Plan) -> dict | None:
   """Fine-tunes as `plan` says; returns the results (also written to eval_results.json, last), or None when stopped
   by SIGTERM/SIGINT (after saving: run it again to resume). Raises a one-line ValueError/OSError on bad input before
-  anything is written, FloatingPointError on a NaN/Inf loss."""
+  anything is written, FloatingPointError after train.max_bad_steps non-finite steps in a row (loop.Guard)."""
   t0, clock = time.time(), goodput.Clock()
   ft, workdir = plan.ft, plan.workdir
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:
@@ -49,7 +49,9 @@ def train(plan: plan_lib.Plan) -> dict | None:
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
                               log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
                               writer=writer, clock=clock, closers=(), done=tuning.converged,
-                              profile_steps=ft.train.profile_steps, peer_timeout_s=ft.train.peer_timeout_s)
+                              profile_steps=ft.train.profile_steps, peer_timeout_s=ft.train.peer_timeout_s,
+                              max_bad_steps=ft.train.max_bad_steps, spike_factor=ft.train.spike_factor,
+                              stop_on_spike=ft.train.stop_on_spike)
     if stopped:
       return None
     # The selected model's eval metrics and the run's facts.
@@ -128,10 +130,10 @@ class Tuning:
     self.logged += losses
     postfix = None
     if log_now:
-      loss = np.mean(self.logged)
+      loss = np.mean(self.logged) if self.logged else None  # None: every step since the last row was not applied
       writer.write(step, dict(loss=loss, learning_rate=self.s.schedule(step - 1), grad_norm=step_metrics["grad_norm"],
                               elapsed_s=time.time() - self.t0))
-      postfix, self.logged = dict(loss=f"{loss:.4f}"), []
+      postfix, self.logged = dict(loss=f"{loss:.4f}") if self.logged else None, []
     if eval_now:
       self.evaluate(step, state.params, writer)
     return postfix

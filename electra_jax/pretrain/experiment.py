@@ -41,13 +41,11 @@ def train_step(state: TrainState, batch, rng, *, model, update, objective, speci
 
 
 def _optimiser_step(state: TrainState, grad, *, tx, flat: bool):
-  """One gradient (`grad`: params -> ((loss, metrics), grads)) and one optax update of the parameters (`flat`: the
-  flat update's, optim.py)."""
+  """One gradient (`grad`: params -> ((loss, metrics), grads)) and one optax update of the parameters, applied only
+  where it is finite (state.apply_gradients; `flat`: the flat update's, optim.py)."""
   (loss, metrics), grads = grad(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
-  metrics.update(loss=loss, grad_norm=optim.global_norm(grads, flat))
-  return TrainState(step=state.step + 1, params=new_params, opt_state=opt_state), metrics
+  state, update_metrics = state_lib.apply_gradients(state, loss, grads, tx, flat)
+  return state, metrics | update_metrics
 
 
 def eval_step(params, batch, rng, *, model, objective, special, word_starts=None):

@@ -25,8 +25,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def train(plan: plan_lib.Plan) -> TrainState:
-  """Pre-trains as `plan` says. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError on a NaN/Inf
-  loss or gradient (never saving it). Bad input raises ValueError/OSError before anything is written. Holds the
+  """Pre-trains as `plan` says. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError after
+  train.max_bad_steps non-finite steps in a row (none applied, nor saved; loop.Guard). Bad input raises ValueError/OSError before anything is written. Holds the
   workdir's lock (workdir.Lock) throughout: a second writer there is refused."""
   clock = goodput.Clock()
   config, workdir, train_config = plan.config, plan.workdir, plan.config.train
@@ -43,7 +43,9 @@ def train(plan: plan_lib.Plan) -> TrainState:
     state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
                             log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
                             writer=writer, clock=clock, closers=(train_iter.close,),
-                            profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s)
+                            profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s,
+                            max_bad_steps=train_config.max_bad_steps, spike_factor=train_config.spike_factor,
+                            stop_on_spike=train_config.stop_on_spike)
   return state
 
 
