@@ -131,7 +131,7 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
       self.finish(split)
 
 
-class _ShardWriter(tfds.core.ExampleWriter):
+class _ShardWriter(pretraining.ExampleWriter):
   """Writes a shard, on a Beam worker, where TFDS's Beam writer asks (BeamWriter._write_final_shard: `path`, a
   temporary name in the dataset's directory, local or gs://, which TFDS renames to the shard's name with every file
   sharing its prefix once this returns): ArrayRecord's writer writes a local file, whose size and CRC-32 go beside the

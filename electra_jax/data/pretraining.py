@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 from tensorflow_datasets.core.utils import shard_utils
+from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
@@ -102,6 +103,20 @@ class _Download(tfds.download.DownloadConfig):
     return _Shards(num_shards=self.num_shards)
 
 
+class ExampleWriter(tfds.core.ExampleWriter):
+  """TFDS's writer of a shard, with each example's features serialized in a fixed order. Protobuf writes a map's
+  entries in an order that changes from process to process, so the same examples made other bytes at each build,
+  and a rebuilt dataset (electra-prepare --repair) could not be told the same as the first by its CRC-32s."""
+
+  def write(self, path, examples):
+    return super().write(path, ((key, canonical(example)) for key, example in examples))
+
+
+def canonical(serialized: bytes) -> bytes:
+  """A serialized tf.train.Example with its features in the order of their names."""
+  return tf_example_generated_pb2.Example.FromString(serialized).SerializeToString(deterministic=True)
+
+
 def is_validation(index: int, fraction: float) -> bool:
   """Every ~1/fraction-th document, starting with the first, so even a tiny corpus has a validation document."""
   if fraction <= 0:
@@ -135,6 +150,9 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
   def _integrity(self) -> dict:
     """The finished shards' integrity.record."""
     return integrity.record(os.fspath(self.data_dir))
+
+  def _example_writer(self) -> tfds.core.ExampleWriter:
+    return ExampleWriter(self.info.file_format)
 
   def _info(self) -> tfds.core.DatasetInfo:
     seq = (self.builder_config.seq_len,)
