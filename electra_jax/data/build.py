@@ -11,6 +11,7 @@ from etils import epath
 from electra_jax import packages
 from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import integrity
 from electra_jax.data import prepared
 
 
@@ -21,9 +22,12 @@ def _identity(corpus, tok, num_shards: int) -> dict:
           **({"num_shards": num_shards} if num_shards else {})}
 
 
-def build(config, beam_options: str = "") -> prepared.PreparedData:
-  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs. With
-  `beam_options` (Beam's pipeline options, "name=value,..."), a Beam pipeline makes the examples (data/beam.py)."""
+def build(config, beam_options: str = "", repair: bool = False) -> prepared.PreparedData:
+  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs and the sizes of
+  their shards are those recorded. With `beam_options` (Beam's pipeline options, "name=value,..."), a Beam pipeline
+  makes the examples (data/beam.py). `repair`: every shard of the dataset is read whole (as electra-check reads it),
+  and a damaged dataset rebuilt; the dataset is the one the commands find for `config` (prepared.resolve), so the
+  config a run was given repairs its data."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   if beam_options:
     packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
@@ -35,6 +39,8 @@ def build(config, beam_options: str = "") -> prepared.PreparedData:
   from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
+  if repair:
+    config = _as_prepared(config)
   data = config.data
   corpus = corpus_lib.Corpus.from_config(data)
   tok_path = prepared.tokenizer_path(config)
@@ -49,11 +55,20 @@ def build(config, beam_options: str = "") -> prepared.PreparedData:
 
   identity = _identity(corpus, tok, data.num_shards)
   path = epath.Path(prepared.dataset_dir(config))
+  recorded = None  # the shards' records of a damaged dataset rebuilt with the same inputs
   if (path / "dataset_info.json").exists():
-    if prepared.metadata(os.fspath(path)).get("identity") == identity:
-      logging.info("Already prepared: %s", path)
+    meta = prepared.metadata(os.fspath(path))
+    if meta.get("identity") != identity:
+      logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
+    elif problems := _problems(os.fspath(path), whole=repair):
+      for problem in problems:
+        logging.warning("%s", problem)
+      logging.warning("Rebuilding %s from its corpus", path)
+      recorded = meta.get("files")
+    else:
+      logging.info("Already prepared: %s (%s)", path, "every shard read whole: nothing to repair" if repair else
+                   "the sizes of its shards checked; --repair reads every byte")
       return prepared.load(config)
-    logging.warning("The inputs changed since %s was prepared: rebuilding it", path)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
   # A gs:// dataset is copied into place with dataset_info.json (what `load` looks for) last. On one host it is built
@@ -79,7 +94,43 @@ def build(config, beam_options: str = "") -> prepared.PreparedData:
         if path.exists():
           path.rmtree()  # what a killed copy left: no dataset_info.json, so never read
         storage.copy_tree(builder.data_path, path, last="dataset_info.json")
+  if recorded:
+    _compare(os.fspath(path), recorded)
   return prepared.load(config)
+
+
+def _as_prepared(config):
+  """`config` naming the dataset prepared for it (prepared.resolve: the one its data.* keys name, else the only one
+  for its seq_len), with that dataset's own shard count: the dataset a run with `config` reads, rebuilt as it was."""
+  config = prepared.resolve(config)
+  path = prepared.dataset_dir(config)
+  if (epath.Path(path) / "dataset_info.json").exists():
+    config = config.copy_and_resolve_references()
+    config.data.num_shards = prepared.metadata(path).get("identity", {}).get("num_shards", 0)
+  return config
+
+
+def _problems(dataset: str, whole: bool) -> list[str]:
+  """What is wrong with the shards of a dataset prepared with the same inputs: their sizes against metadata.json (a
+  stat each: every electra-prepare checks them), or, `whole`, their every byte and record (electra-check's reading)."""
+  if whole:
+    from electra_jax.data import check  # pylint: disable=g-import-not-at-top  (jax: only here)
+    return [problem.removesuffix(f": {integrity.REPAIR}") for problem in check.verify(dataset)[0]]
+  return [f"shard {name} of the prepared dataset {dataset} is damaged ({problem})"
+          for name, problem in integrity.size_problems(dataset).items()]
+
+
+def _compare(dataset: str, recorded: dict):
+  """Says whether the rebuilt shards are the bytes first written (so that a run resumes on them where it stopped)."""
+  rebuilt = prepared.metadata(dataset).get("files")
+  if rebuilt == recorded:
+    logging.info("Repaired %s: its %d shards are bit-identical to those first written (CRC-32s as recorded): a run "
+                 "on it resumes where it stopped", dataset, len(rebuilt))
+  else:
+    differ = sorted(name for name in rebuilt if rebuilt[name] != recorded.get(name))
+    logging.warning("Rebuilt %s, but %d of its shards differ from those first written (%s): a run on it continues on "
+                    "other examples than before, unless it was prepared before electra-prepare wrote the same bytes "
+                    "for the same examples (docs/data.md)", dataset, len(differ), ", ".join(differ))
 
 
 @contextlib.contextmanager

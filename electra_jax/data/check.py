@@ -29,26 +29,33 @@ def check(data_dir: str) -> Report:
                            f"--config.data.data_dir={data_dir} first (or copy its data_dir whole)")
   for name in names:
     dataset = os.fspath(epath.Path(data_dir) / prepared.NAME / name / prepared.VERSION)
-    before = len(report.problems)
-    meta = prepared.metadata(dataset)
-    report.problems += _tokenizer_problems(data_dir, dataset, meta)
-    shards = examples = 0
-    for split in SPLITS:
-      reader = input_pipeline.Reader(dataset, split, fail_fast=False)
-      for s in range(len(reader.shard_lengths)):
-        try:
-          reader.verify(s)
-        except integrity.Damaged as e:
-          report.problems.append(str(e))
-      recorded = meta.get("stats", {}).get(split, {}).get("examples")
-      if recorded is not None and recorded != reader.num_examples:
-        report.problems.append(f"the {split} split of the prepared dataset {dataset} has {reader.num_examples} "
-                               f"examples, but electra-prepare counted {recorded}: run electra-prepare again")
-      shards, examples = shards + len(reader.shard_lengths), examples + reader.num_examples
-    if len(report.problems) == before:
+    problems, shards, examples = verify(dataset)
+    problems = _tokenizer_problems(data_dir, dataset, prepared.metadata(dataset)) + problems
+    report.problems += problems
+    if not problems:
       report.checked.append(f"{dataset}: {shards} shards, {examples} examples, every record read; tokenizer as "
                             "recorded")
   return report
+
+
+def verify(dataset: str) -> tuple[list[str], int, int]:
+  """(one line per problem, shards, examples) of a prepared dataset whose every shard is read whole: what
+  electra-check and electra-prepare --repair find."""
+  problems, shards, examples = [], 0, 0
+  recorded = prepared.metadata(dataset).get("stats", {})
+  for split in SPLITS:
+    reader = input_pipeline.Reader(dataset, split, fail_fast=False)
+    for s in range(len(reader.shard_lengths)):
+      try:
+        reader.verify(s)
+      except integrity.Damaged as e:
+        problems.append(str(e))
+    counted = recorded.get(split, {}).get("examples")
+    if counted is not None and counted != reader.num_examples:
+      problems.append(f"the {split} split of the prepared dataset {dataset} has {reader.num_examples} examples, "
+                      f"but electra-prepare counted {counted}: {integrity.REPAIR}")
+    shards, examples = shards + len(reader.shard_lengths), examples + reader.num_examples
+  return problems, shards, examples
 
 
 def _tokenizer_problems(data_dir: str, dataset: str, meta: dict) -> list[str]:

@@ -24,6 +24,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from array_record.python import array_record_module
 from etils import epath
+from google.protobuf import message
 from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import storage
@@ -129,12 +130,33 @@ class Reader:
       where = np.flatnonzero(shards == s)
       for i, record in zip(where, self._records(s, (indices[where] - self._starts[s]).tolist())):
         records[i] = record
-    return self.parse(records)
+    try:
+      return self.parse(records)
+    except (ValueError, message.DecodeError) as e:
+      raise self._unparsable(records, shards) or e
 
   def parse(self, records: list[bytes]) -> dict[str, np.ndarray]:
     examples = [tf_example_generated_pb2.Example.FromString(r).features.feature for r in records]
     return {k: np.array([e[k].int64_list.value for e in examples], np.int32).reshape(len(examples), self.seq_len)
             for k in FEATURES}
+
+  def _unparsable(self, records: list[bytes], shards: np.ndarray) -> integrity.Damaged | None:
+    """The error for the first of `records` that is not one of this dataset's examples. ArrayRecord reads a shard
+    cut short after it was opened (while a run reads it) without an error, as empty records."""
+    for s, record in zip(shards, records):
+      try:
+        feature = tf_example_generated_pb2.Example.FromString(record).features.feature
+        lengths = sorted({len(feature[k].int64_list.value) for k in FEATURES})
+        what = None if lengths == [self.seq_len] else (
+            f"a record of {' and '.join(map(str, lengths))} values, where its examples have {self.seq_len}")
+      except message.DecodeError:
+        what = "a record that is not an example"
+      if what:
+        name = self._files[s]
+        with contextlib.suppress(OSError):  # what became of the file since the reader opened it
+          what = integrity.size_problem(self.expected.get(name), os.path.getsize(self.path(name))) or what
+        return self._damaged(s, what)
+    return None
 
 
 class TrainIterator:

@@ -2,12 +2,16 @@
 metadata.json (`record`, at prepare), and the one-line error that names a damaged or truncated shard, its dataset
 and the remedy (`Damaged`). Readers check sizes before the first step (cheap: a stat, or one listing of gs://), the
 CRC-32 of each shard a host fetches from gs:// (the bytes pass through anyway), and ArrayRecord's own chunk hashes at
-every read; electra-check checks everything. Datasets prepared before sizes were recorded are read unchecked
-but for the chunk hashes."""
+every read; electra-check checks everything. electra-prepare checks the sizes of a dataset it finds prepared, and
+with --repair everything, before it answers that the data is there. Datasets prepared before sizes were recorded are
+read unchecked but for the chunk hashes."""
+import json
 import os
 import zlib
 
 from etils import epath
+
+from electra_jax import storage
 
 _CHUNK = 4 << 20
 SHARD = ".array_record-"  # in the name of every shard file, never in a description file's
@@ -23,10 +27,12 @@ def damaged(shard: str, dataset: str, what: str, local_copy: str | None = None) 
   if local_copy:
     return Damaged(f"the local copy {local_copy} of shard {shard} of the prepared dataset {dataset} is damaged "
                    f"({what}): it was deleted; run the same command again to fetch it anew (if it fails again, the "
-                   "copy on Cloud Storage is damaged: run electra-prepare again)")
-  return Damaged(f"shard {shard} of the prepared dataset {dataset} is damaged ({what}): copy the dataset again from "
-                 "where electra-prepare wrote it, or run electra-prepare again (electra-check checks a data_dir "
-                 "before a run)")
+                   f"copy on Cloud Storage is damaged: {REPAIR})")
+  return Damaged(f"shard {shard} of the prepared dataset {dataset} is damaged ({what}): {REPAIR}")
+
+
+REPAIR = ("rebuild it with electra-prepare --repair and the run's --config (bit for bit), or copy the dataset again "
+          "from where electra-prepare wrote it; then run the same command again: a run resumes where it stopped")
 
 
 def crc32(path) -> int:
@@ -58,6 +64,14 @@ def size_problem(expected: dict | None, size: int | None) -> str | None:
     return (f"{size} bytes, but electra-prepare wrote {expected['bytes']}: "
             f"{'truncated' if size < expected['bytes'] else 'longer'}")
   return None
+
+
+def size_problems(dataset_dir: str) -> dict[str, str]:
+  """{shard: size_problem} of the shards a dataset's metadata.json records, from a stat of each (one listing of a
+  gs:// dataset): electra-prepare's check of a dataset it finds prepared, cheap enough for every run of it."""
+  expected = json.loads((epath.Path(dataset_dir) / "metadata.json").read_text()).get("files", {})
+  sizes = storage.file_sizes(dataset_dir)
+  return {name: problem for name, record in expected.items() if (problem := size_problem(record, sizes.get(name)))}
 
 
 def crc_problem(expected: dict | None, path) -> str | None:
