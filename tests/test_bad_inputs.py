@@ -23,6 +23,7 @@ from electra_jax.data import build, prepared
 from electra_jax.hf import directory as hf_directory
 from electra_jax.pretrain import loop as pretrain_loop
 from tests import pretrain_cli as cli
+from tests.helpers import sotu_lines
 from tests.test_checkpoints import _wait
 
 pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
@@ -473,3 +474,18 @@ def test_a_corpus_of_only_overlong_lines_says_so(tiny_data, tmp_path):
                      r"of 4192 bytes per sentence \(max_sentence_length\), so none is left to train a tokenizer on: "
                      r"break the text into shorter lines"):
     build.build(config)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])
+def test_a_corpus_file_in_utf16_is_named_as_such(tiny_data, tmp_path, encoding):
+  """A UTF-16 corpus decodes as UTF-8 text with a NUL between letters: named with its file before a tokenizer is
+  trained on it (which failed as 'at most N pieces'), by its byte-order mark or, without one, its NUL bytes."""
+  config = copy.deepcopy(tiny_data[0])
+  path = tmp_path / "speeches.txt"
+  path.write_text("\n\n".join(sotu_lines()[:50]), encoding=encoding)
+  config.data.update(text_files=str(path), data_dir=str(tmp_path / "data"), max_documents=0)
+  problem = (r"is UTF-16 \(it begins with a UTF-16 byte-order mark\), not UTF-8: convert it first, e.g. iconv"
+             if encoding == "utf-16" else r"holds NUL bytes \(line 1\): it is not UTF-8 text")
+  with pytest.raises(ValueError, match=f"^corpus file {path} {problem}"):
+    build.build(config)
+  assert not (tmp_path / "data").exists()

