@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import modeling, weights
+from electra_jax import export, modeling, weights
 from electra_jax import tokenizer as tokenizer_lib
 from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
@@ -182,6 +182,12 @@ def test_cli_exports_a_workdir_and_refuses_to_overwrite(tiny_data, tmp_path):
   before = sorted(os.listdir(out))
   r = _cli(f"--workdir={tmp_path / 'run'}", f"--output={out}")
   helpers.assert_one_line_error(r, "export exists; pass --overwrite")
+  assert sorted(os.listdir(out)) == before
+
+  a_file = out / "config.json"  # an --output that is a file, or lies under one, is named as such (not "[Errno 17]")
+  for output in (a_file, a_file / "export"):
+    with pytest.raises(NotADirectoryError, match=f"^--output {output} cannot be created: {a_file} is a file$"):
+      export.main(str(tmp_path / "run"), str(output), None, True)
   assert sorted(os.listdir(out)) == before
 
 
