@@ -489,3 +489,19 @@ def test_a_corpus_file_in_utf16_is_named_as_such(tiny_data, tmp_path, encoding):
   with pytest.raises(ValueError, match=f"^corpus file {path} {problem}"):
     build.build(config)
   assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("data_dir", "a_file/data", "data.data_dir {value} cannot be created: {tmp}/a_file is a file"),
+    ("text_files", "a_dir", "data.text_files: {value} is a directory: name its files, e.g. {value}/*.txt"),
+    ("tokenizer", "a_dir", "data.tokenizer: {value} is a directory, not a tokenizer file")])
+def test_a_bad_path_for_electra_prepare_is_named_with_what_is_wrong(tiny_data, tmp_path, key, value, message):
+  config = copy.deepcopy(tiny_data[0])
+  (tmp_path / "a_file").write_text("text\n")
+  (tmp_path / "a_dir").mkdir()
+  value = str(tmp_path / value)
+  config.data.update({"data_dir": str(tmp_path / "data"), key: value})
+  with pytest.raises(OSError if key != "text_files" else ValueError,
+                     match="^" + re.escape(message.format(value=value, tmp=tmp_path))):
+    build.build(config)
+  assert sorted(os.listdir(tmp_path)) == ["a_dir", "a_file"]

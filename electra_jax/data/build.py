@@ -11,6 +11,7 @@ from etils import epath
 from electra_jax import packages
 from electra_jax import storage
 from electra_jax import tokenizer as tokenizer_lib
+from electra_jax import workdir as workdir_lib
 from electra_jax.data import integrity
 from electra_jax.data import prepared
 
@@ -42,6 +43,8 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
   if repair:
     config = _as_prepared(config)
   data = config.data
+  if not epath.Path(data.data_dir).is_dir():  # to be made: not a file, nor under one
+    workdir_lib.check_writable(data.data_dir, "data.data_dir")
   corpus = corpus_lib.Corpus.from_config(data)
   tok_path = prepared.tokenizer_path(config)
   if not epath.Path(tok_path).exists():
@@ -50,6 +53,9 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
     logging.info("Training a %d-piece SentencePiece model on %s", data.vocab_size, corpus.description)
     tokenizer_lib.train_sentencepiece(corpus.lines(), tok_path, data.vocab_size, data.tokenizer_sentences,
                                       data.num_workers or None, source=f"the corpus ({corpus.description})")
+  elif epath.Path(tok_path).is_dir():
+    raise IsADirectoryError(f"data.tokenizer: {tok_path} is a directory, not a tokenizer file (a SentencePiece .model "
+                            "or a WordPiece vocab.txt)")
   tok = tokenizer_lib.Tokenizer(tok_path)
   tok.check_vocab_size(data.vocab_size)
 

@@ -176,7 +176,11 @@ class Corpus:
       if not matches:
         kind = "no file matches" if any(c in pattern for c in "*?[") else "no such file:"
         raise DataError(f"data.text_files: {kind} {pattern}")
-      files += [m for m in matches if not epath.Path(m).is_dir()]
+      found = [m for m in matches if not epath.Path(m).is_dir()]
+      if not found and len(matches) == 1:
+        raise DataError(f"data.text_files: {pattern} is a directory: name its files, e.g. {pattern.rstrip('/')}/*.txt "
+                        "(or **/*.txt at any depth)")
+      files += found
     if not files:
       raise DataError(f"data.text_files: no files in {self.text_files}")
     return files
