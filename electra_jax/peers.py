@@ -1,6 +1,6 @@
 """A multi-process run ends, rather than hangs, when one of its processes dies (kill -9, a crash, a lost VM) or stalls
-(SIGSTOP, a frozen VM). The survivors would otherwise wait in a collective until JAX's coordination service gives up
-(minutes, with a crash dump) or forever.
+(SIGSTOP, a frozen VM). The survivors would otherwise wait in a collective until JAX's runtime gives up (with a native
+crash dump) or forever.
 
 Each process's thread writes a heartbeat to the coordination service's key-value store every PERIOD_S and reads
 everyone's. A process whose heartbeat has not changed for `timeout_s` is lost: the watcher prints one line naming it
@@ -8,8 +8,13 @@ and the newest complete checkpoint, and ends its own process with exit status 1 
 collective that never returns, so no exception could reach it). The thread runs beside compiles, saves and
 evaluations, which release the GIL, so a long step never looks like a lost process; a process that ends its loop
 normally says so, and is no longer watched. A collective that fails outright (gloo's connection to a killed peer is
-reset) is held back for `timeout_s`, so that a lost peer still ends the run in the one line. The coordination service
-lives in process 0: once it stops answering for `timeout_s`, process 0 is the one lost.
+reset) is held back until every other process has shown a heartbeat since, so that a lost peer still ends the run in
+the one line, however late a busy host lets the watcher run. The coordination service lives in process 0: once it
+stops answering for `timeout_s`, process 0 is the one lost.
+
+JAX's own ways of giving a peer up abort the process with a crash dump: the coordination service's heartbeat timeout
+(100 s by default) and, on CPU, a collective whose local device threads wait for its cross-process part (40 s).
+`runtime_settings` sets both beyond the longest the watcher can take, so its line comes first.
 """
 import os
 import sys
@@ -27,6 +32,21 @@ PERIOD_S = 1.0
 STARTUP_GRACE = 3
 PREFIX = "electra_jax/heartbeat/"
 DONE = "done"
+# How long a CPU collective's local device threads wait for its cross-process part before XLA aborts the process.
+CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
+
+
+def runtime_settings(timeout_s: float) -> dict:
+  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond the watcher's longest wait with
+  `timeout_s` (a peer never heard from: STARTUP_GRACE times it), the collectives' in XLA_FLAGS (in place of any value
+  there); returns jax.distributed.initialize's keyword arguments. Nothing where the watcher is off (0)."""
+  if timeout_s <= 0:
+    return {}
+  seconds = int((STARTUP_GRACE + 1) * timeout_s + 60)
+  if jax.__version_info__ >= (0, 8):  # older jaxlibs hold it at 40 s and reject the flag
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{CPU_COLLECTIVE_FLAG}=")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--{CPU_COLLECTIVE_FLAG}={seconds}"])
+  return dict(heartbeat_timeout_seconds=seconds)
 
 
 class Watchdog:
@@ -42,6 +62,8 @@ class Watchdog:
       self._client = distributed.global_state.client
       self._answered = time.monotonic()  # when the service last answered
       self._beats = {}
+      me = jax.process_index()  # the others' last beat, and since when
+      self._seen = {p: (None, time.monotonic()) for p in range(jax.process_count()) if p != me}
       # Two threads: a call to a stalled service may never return, and the judge must still see the silence.
       for target, name in ((self._publish, "peer-heartbeat"), (self._judge, "peer-watchdog")):
         threading.Thread(target=target, name=name, daemon=True).start()
@@ -52,9 +74,12 @@ class Watchdog:
       return
     if _from_jax(exc[0]):
       # A collective failed (gloo's "Connection reset by peer" when a peer died), maybe inside a checkpoint's save,
-      # which reports it as a failed save: if a peer is lost, the judge ends the process with its line within
-      # timeout_s; otherwise the error is this process's own.
-      time.sleep(self.timeout_s + 3 * PERIOD_S)
+      # which reports it as a failed save: if a peer is lost, the judge ends the process with its line; the error is
+      # this process's own once every other process has shown a heartbeat since (or finished).
+      failed = time.monotonic()
+      while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
+             and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
+        time.sleep(PERIOD_S)
     self._stop.set()
     if exc_type is None:  # finished: its silence from now on is no loss (a process that raised may hang the others)
       try:
@@ -76,8 +101,7 @@ class Watchdog:
 
   def _judge(self):
     """Ends the process once another's heartbeat, or the service, has been silent for timeout_s."""
-    me = jax.process_index()
-    seen = {p: (None, time.monotonic()) for p in range(jax.process_count()) if p != me}  # last beat, since when
+    seen = self._seen
     while not self._stop.wait(PERIOD_S):
       now, beats = time.monotonic(), self._beats
       if now - self._answered > self.timeout_s:

@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from electra_jax import storage
+from electra_jax import peers, storage
 
 MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
@@ -33,17 +33,18 @@ def use_compilation_cache():
     jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
 
 
-def initialize_runtime():
+def initialize_runtime(peer_timeout_s: float = 0):
   """Sets up storage (gs://, an emulator), the compilation cache, joins the other processes of a multi-host run
-  (explicitly from launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing) and picks
+  (explicitly from launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing), with JAX's
+  own timeouts for a lost process beyond the watchdog's `peer_timeout_s` (train.peer_timeout_s: peers.py), and picks
   the random-bit generator. Call before anything touches the devices."""
   storage.initialize()
   use_compilation_cache()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
-                               int(os.environ["JAX_PROCESS_ID"]))
+                               int(os.environ["JAX_PROCESS_ID"]), **peers.runtime_settings(peer_timeout_s))
   elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**peers.runtime_settings(peer_timeout_s))
   # Partitionable threefry lets accelerator meshes draw sharded random arrays shard-locally; on CPU it costs twice
   # the time per number, and dropout's random numbers are a large share of a CPU step. Values stay independent of
   # the mesh either way (a CPU run's dropout stream differs from an accelerator's, which resume does not need).

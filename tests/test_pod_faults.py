@@ -7,10 +7,13 @@ The faults hit one workdir in turn, each rerun resuming from what the one before
 -9, then a stall), so that one final rerun checks the resume after all three: every two-process run compiles its
 step afresh (process 1's programs are not in the persistent cache: only process 0 writes it), a third of a minute
 each; the straight run goes on beside the faults' reruns."""
+import contextlib
 import functools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -26,6 +29,18 @@ FLAGS = (f"--config.train.num_steps={STEPS}", "--config.train.log_every=1", "--c
          f"--config.train.eval_every={STEPS}", f"--config.train.peer_timeout_s={TIMEOUT_S}")
 
 
+@contextlib.contextmanager
+def _busy_host(processes: int = 2):
+  """Processes spinning on the CPU beside the run: a loaded host holds the watchdog's threads back."""
+  spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+  try:
+    yield
+  finally:
+    for p in spinners:
+      p.kill()
+      p.wait()
+
+
 def _wait(procs, timeout=300) -> list[int]:
   try:
     return [p.wait(timeout=timeout) for p in procs]
@@ -39,10 +54,11 @@ def _run_to_end(config, workdir):
   assert _wait(procs) == [0, 0], pretrain_cli.log(procs[0])[-3000:] + pretrain_cli.log(procs[1])[-3000:]
 
 
-def _started(config, workdir, logged=3):
-  """Both processes, once process 0 has logged step `logged` (so a checkpoint is complete) in this run: a rerun
-  rewinds metrics.jsonl to its checkpoint before its bar, so the steps logged before are not taken for its own."""
-  procs = pretrain_cli.start_processes(pretrain_cli.env(), config, str(workdir), *FLAGS)
+def _started(config, workdir, logged=3, xla=""):
+  """Both processes (with XLA flags `xla`), once process 0 has logged step `logged` (so a checkpoint is complete) in
+  this run: a rerun rewinds metrics.jsonl to its checkpoint before its bar, so the steps logged before are not taken
+  for its own."""
+  procs = pretrain_cli.start_processes(pretrain_cli.env(), config, str(workdir), *FLAGS, xla=xla)
   deadline = time.time() + 300
   while "pre-training" not in pretrain_cli.log(procs[0]) or max(pretrain_cli.logged_steps(str(workdir)),
                                                                   default=0) < logged:
@@ -112,23 +128,29 @@ def _newest_checkpoint(workdir) -> int:
 def _lose_a_process(config, workdir, fault, victim, in_save=False):
   """Reruns both processes until process 0 logs the first odd step past the newest checkpoint (as step 3 of a new run)
   and, `in_save`, until the next checkpoint is being written (the victim's loss then cuts the save's collectives off),
-  then sends `fault` to `victim`: the other ends in one line within the timeout, naming the newest complete
-  checkpoint."""
+  then sends `fault` to `victim` while two more processes load the CPU: the other ends in one line within the
+  timeout, naming the newest complete checkpoint, never in JAX's abort. The runs' environment sets JAX's own wait for
+  a collective's cross-process part far below the watchdog's timeout (as its default, 40 s, is below the default
+  train.peer_timeout_s): the command sets it beyond."""
   newest = _newest_checkpoint(workdir)
-  procs = _started(config, workdir, logged=newest + 1 + newest % 2)
+  procs = _started(config, workdir, logged=newest + 1 + newest % 2,
+                   xla="--xla_cpu_collective_call_terminate_timeout_seconds=5")
   while in_save and not any(".orbax-checkpoint-tmp" in c for c in pretrain_cli.checkpoint_dirs(str(workdir))):
     assert all(p.poll() is None for p in procs), pretrain_cli.log(procs[0])[-3000:]
     time.sleep(0.002)
-  os.kill(procs[victim].pid, fault)
-  t0 = time.time()
-  survivor = procs[1 - victim]
-  code = _wait([survivor], timeout=120)[0]
-  took = time.time() - t0
-  last = pretrain_cli.log(survivor).strip().splitlines()[-1]
+  with _busy_host():
+    os.kill(procs[victim].pid, fault)
+    t0 = time.time()
+    survivor = procs[1 - victim]
+    code = _wait([survivor], timeout=120)[0]
+    took = time.time() - t0
+  log = pretrain_cli.log(survivor)
+  last = log.strip().splitlines()[-1]
   print(f"{fault.name} to process {victim}: the other exited {code} after {took:.1f} s: {last}")
   procs[victim].kill()
   procs[victim].wait()
   assert code == 1 and took < TIMEOUT_S + 20, last
+  assert "Fatal Python error" not in log and "Termination timeout" not in log, log[-3000:]  # JAX's abort: none
   assert last.startswith(f"electra-pretrain: error: process {victim} of 2 stopped responding (no heartbeat for "), last
   assert last.endswith(f"; the newest complete checkpoint is step {_newest_checkpoint(workdir)} under {workdir}/"
                        "checkpoints: run every process again to resume from it"), last
