@@ -103,7 +103,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       checkpoint_every=5000,
       keep_checkpoints=3,
       # With several processes: end the run in one line, exit 1, once one of them has given no sign of life (died,
-      # lost, stalled) for this many seconds; 0 = never. Below JAX's own 100 s heartbeat timeout, which aborts.
+      # lost, stalled) for this many seconds; 0 = never. JAX's own timeouts, which abort, are set beyond it.
       peer_timeout_s=60,
       # Weights that start the run instead of random init: an HF ELECTRA directory (electra-export's output, or a
       # released model saved locally), a pre-training workdir or a params export; ignored once the workdir has a
