@@ -167,8 +167,8 @@ KERNEL_KINDS = ("gemm", "cudnn", "elementwise", "reduction", "triton", "rng", "c
 _NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
               "partition-id", "replica-id", "add-dependency", "all-reduce-done", "all-gather-done",
               "collective-permute-done", "copy-done", "async-done", "send-done", "recv-done"}
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
-                "ragged-all-to-all", "async-start", "send", "recv")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                "collective-broadcast", "ragged-all-to-all", "async-start", "send", "recv")
 
 
 def _instructions(computation: str) -> list[tuple[str, str]]:
