@@ -1,7 +1,7 @@
 """What other commands may not do to a workdir: one writer at a time (the workdir lock, locally and on gs://, taken
-over from a holder killed by SIGKILL, under a clock hours ahead or behind too), readers (export, fine-tuning's init_from) that leave a live run alone, no
-output that is, holds or lies in an input, no training with a tokenizer the data was not prepared with, and no
-temporary left behind by a killed or failed writer.
+over from a holder killed by SIGKILL, under a clock hours ahead or behind too), readers (export, fine-tuning's
+init_from) that leave a live run alone, no output that is, holds or lies in an input, no training with a tokenizer
+the data was not prepared with, and no temporary left behind by a killed or failed writer.
 
 The commands run as real subprocesses on configs/tiny.py (conftest's tiny_data)."""
 import concurrent.futures
