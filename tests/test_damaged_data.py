@@ -81,7 +81,7 @@ def test_prepare_rebuilds_a_damaged_dataset_bit_for_bit(tiny_data, tmp_path, dam
   config.data.data_dir = str(data_dir)
   files = {f.name: f.read_bytes() for f in shard.parent.iterdir()}
   damage(shard)
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   if damage is _overwrite:
     build.build(config)
     assert "Already prepared" in caplog.text and "--repair reads every byte" in caplog.text
@@ -197,7 +197,7 @@ def test_a_shard_cut_short_while_a_run_reads_it_is_named_repaired_and_the_run_re
   assert pretrain_cli.checkpoint_dirs(workdir) == ["20"]
   before = _losses(workdir)
 
-  with caplog.at_level(logging.INFO):
+  with caplog.at_level(logging.INFO, logger="absl"):
     prepare.main(config, "", repair=True)  # electra-prepare --config=configs/tiny.py --config.data.data_dir=D --repair
   assert "bit-identical" in caplog.text and shard.read_bytes() == original
 

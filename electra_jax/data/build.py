@@ -40,8 +40,10 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
   from electra_jax.data import pretraining  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  if repair:
-    config = _as_prepared(config)
+  if repair:  # the dataset a run with `config` reads (found as the commands find it), rebuilt with its shard count
+    config = prepared.resolve(config).copy_and_resolve_references()
+    if (epath.Path(prepared.dataset_dir(config)) / "dataset_info.json").exists():
+      config.data.num_shards = prepared.metadata(prepared.dataset_dir(config)).get("identity", {}).get("num_shards", 0)
   data = config.data
   if not epath.Path(data.data_dir).is_dir():  # to be made: not a file, nor under one
     workdir_lib.check_writable(data.data_dir, "data.data_dir")
@@ -103,17 +105,6 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
   if recorded:
     _compare(os.fspath(path), recorded)
   return prepared.load(config)
-
-
-def _as_prepared(config):
-  """`config` naming the dataset prepared for it (prepared.resolve: the one its data.* keys name, else the only one
-  for its seq_len), with that dataset's own shard count: the dataset a run with `config` reads, rebuilt as it was."""
-  config = prepared.resolve(config)
-  path = prepared.dataset_dir(config)
-  if (epath.Path(path) / "dataset_info.json").exists():
-    config = config.copy_and_resolve_references()
-    config.data.num_shards = prepared.metadata(path).get("identity", {}).get("num_shards", 0)
-  return config
 
 
 def _problems(dataset: str, whole: bool) -> list[str]:

@@ -97,8 +97,13 @@ class Reader:
       return self._shards[s]
 
   def _damaged(self, s: int, what) -> integrity.Damaged:
-    """The one-line error for shard `s`; this host's copy of a gs:// shard is deleted, so that a rerun fetches it."""
-    what = " ".join(str(what).split())
+    """The one-line error for shard `s`, saying what broke the read (the file cut short or deleted since the reader
+    opened it, when it was); this host's copy of a gs:// shard is deleted, so that a rerun fetches it."""
+    try:
+      size = os.path.getsize(self.path(self._files[s]))
+    except OSError:
+      size = None
+    what = integrity.size_problem(self.expected.get(self._files[s]), size) or " ".join(str(what).split())
     if not self._copy:
       return integrity.damaged(self._files[s], self.dataset_dir, what)
     with contextlib.suppress(OSError):
@@ -152,9 +157,6 @@ class Reader:
       except message.DecodeError:
         what = "a record that is not an example"
       if what:
-        name = self._files[s]
-        with contextlib.suppress(OSError):  # what became of the file since the reader opened it
-          what = integrity.size_problem(self.expected.get(name), os.path.getsize(self.path(name))) or what
         return self._damaged(s, what)
     return None
 
