@@ -22,12 +22,13 @@ SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured ag
 
 
 class Guard:
-  """Watches each step's fetched loss, gradient norm and `skipped` flag (state.apply_gradients: a step whose loss,
-  gradient norm or updated weights are not finite is not applied). Warns of each step not applied and stops the run
-  (FloatingPointError, one line naming the step and the checkpoint kept) at train.max_bad_steps of them in a row;
-  warns of a loss above train.spike_factor times the median of the last SPIKE_WINDOW applied steps' (a sign of
-  weights diverging before they overflow), and stops there too under train.stop_on_spike. The state is never saved
-  after the step that stops the run; every checkpoint holds weights checked finite."""
+  """Watches each step's fetched loss, gradient norm and `skipped` flag (state.apply_gradients: a step whose loss or
+  gradient norm is not finite is not applied), and the state before each save. Warns of each step not applied and
+  stops the run (FloatingPointError, one line naming the step and the checkpoint kept) at train.max_bad_steps of
+  them in a row, or at once where a save finds weights an update made non-finite; warns of a loss above
+  train.spike_factor times the median of the last SPIKE_WINDOW applied steps' (a sign of weights diverging before
+  they overflow), and stops there too under train.stop_on_spike. Nothing is saved after the step that stops the
+  run, so every checkpoint holds a state checked finite."""
 
   def __init__(self, ckpt: checkpoints.Checkpointer, max_bad_steps: int, spike_factor: float = 0.0,
                stop_on_spike: bool = False):
@@ -40,11 +41,9 @@ class Guard:
     where = f"loss={loss} grad_norm={grad_norm} at step {step}"
     if skipped:
       self._bad += 1
-      if math.isfinite(loss) and math.isfinite(grad_norm):
-        where += " (its update left the weights non-finite)"
       if self._bad >= self._max_bad:
-        raise FloatingPointError(self._stopped(step, f"{where}: {self._bad} non-finite steps in a row "
-                                                     f"(train.max_bad_steps), none of them applied"))
+        raise FloatingPointError(self._stopped(f"{where}: {self._bad} non-finite steps in a row "
+                                               "(train.max_bad_steps), none of them applied", step))
       logging.warning("%s: not applied (%d non-finite in a row; train.max_bad_steps=%d stops the run)", where,
                       self._bad, self._max_bad)
       return
@@ -55,10 +54,20 @@ class Guard:
       spike = (f"loss={loss:.4g} at step {step} is {loss / median:.0f}x the median of the last {len(self._recent) - 1} "
                f"steps' ({median:.4g}): a loss spike, the weights may be diverging")
       if self._stop_on_spike:
-        raise FloatingPointError(self._stopped(step, f"{spike} (train.stop_on_spike)", step - 1))
+        raise FloatingPointError(self._stopped(f"{spike} (train.stop_on_spike)", step, gave_it=step - 1))
       logging.warning("%s", spike)
 
-  def _stopped(self, step: int, why: str, gave_it: int | None = None) -> str:
+  def check_state(self, step: int, state: TrainState):
+    """Before `state` (that of step `step`) is saved: its values must be finite. An update whose loss and gradient
+    were finite can still overflow the weights (a learning rate beyond float32); the next steps then skip, but the
+    weights stay as they are."""
+    bad = checkpoints.non_finite(state)
+    if bad:
+      raise FloatingPointError(self._stopped(
+          f"the state after step {step} is not finite (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): an update at or "
+          "before it overflowed the weights", step))
+
+  def _stopped(self, why: str, step: int, gave_it: int | None = None) -> str:
     """`why` the run stops at `step`, and the checkpoint it keeps (`gave_it`: the step whose weights gave the loss
     that stops it)."""
     ckpt = self._ckpt
@@ -119,9 +128,10 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
   """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss, grad_norm and skipped)`, as
   state.apply_gradients) to `num_steps`: logging every `log_every` steps, evaluating every `eval_every`, both at the
   end; saving (never over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and
-  when SIGTERM/SIGINT stops the run. Stops in one line after `max_bad_steps` steps not applied in a row, and warns of
-  (or, with `stop_on_spike`, stops at) a loss above `spike_factor` times its recent median (Guard). Ends early (saved, as at num_steps) once `done()` says so after a step, and takes no
-  step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
+  when SIGTERM/SIGINT stops the run. Stops in one line after `max_bad_steps` steps not applied in a row or before
+  saving a state that is not finite, and warns of (or, with `stop_on_spike`, stops at) a loss above `spike_factor`
+  times its recent median (Guard). Ends early (saved, as at num_steps) once `done()` says so after a step, and takes
+  no step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
   end; traces `profile_steps` steps after the first (compiling) one into the workdir's tensorboard/ for TensorBoard's
   profile plugin. With several processes, ends this one in one line once another has given no sign of life for
   `peer_timeout_s` (peers.py; 0: never). Closes the bar, `closers`, the checkpointer and the writer however it ends.
@@ -129,7 +139,8 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
-  in_flight = InFlight(Guard(ckpt, max_bad_steps, spike_factor, stop_on_spike))
+  guard = Guard(ckpt, max_bad_steps, spike_factor, stop_on_spike)
+  in_flight = InFlight(guard)
   first = int(state.step) + 1
   profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
 
@@ -157,6 +168,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         finished = done()
         if save_now or finished:
           with clock.phase("checkpoint"):
+            guard.check_state(step, state)
             lock.check()
             ckpt.save(step, state, body.extra(), force=True, rng=rng)
         if stop:

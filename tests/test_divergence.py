@@ -34,28 +34,36 @@ def _params(workdir, step=None):
   return jax.device_get(weights.load(str(workdir), step).params)
 
 
-def test_non_finite_updates_are_not_applied_and_the_run_resumes_from_its_checkpoint(tiny_data, tmp_path):
-  """A learning rate of 1e40 overflows float32: every update is NaN from step 1 on (the loss before it is finite).
-  None is applied, so the checkpoint the run keeps holds the initial weights; with a sane rate the run resumes."""
-  config = _config(tiny_data, learning_rate=1e40, num_steps=6, max_bad_steps=3)
+def test_non_finite_steps_are_not_applied_and_the_run_resumes_from_its_checkpoint(tiny_data, tmp_path):
+  """Step 3's loss is NaN (train.debug_nan_at_step). With train.max_bad_steps=1 the run stops there in one line,
+  keeping checkpoint 2; run again with max_bad_steps=2, it resumes from it, does not apply step 3 and trains on."""
+  config = _config(tiny_data, num_steps=4, debug_nan_at_step=3, max_bad_steps=1)
   workdir = tmp_path / "run"
   with pytest.raises(FloatingPointError, match=(
-      r"^loss=\S+ grad_norm=\S+ at step 3 \(its update left the weights non-finite\): 3 non-finite steps in a row "
-      r"\(train.max_bad_steps\), none of them applied; stopped without saving it; the newest checkpoint is kept "
-      rf"\(step 2 under {tmp_path}/run/checkpoints\)$")):
+      r"^loss=nan grad_norm=nan at step 3: 1 non-finite steps in a row \(train.max_bad_steps\), none of them "
+      rf"applied; stopped without saving it; the newest checkpoint is kept \(step 2 under {workdir}/checkpoints\)$")):
     pretrain_loop.train_and_evaluate(config, str(workdir))
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]
-  initial = jax.device_get(experiment.create(config).sharded.init(jax.random.key(config.train.seed)).params)
-  jax.tree.map(np.testing.assert_array_equal, _params(workdir), initial)
-  rows = _rows(workdir)
-  assert [(r["step"], r["skipped"]) for r in rows] == [(1, 1.0), (2, 1.0)] and math.isfinite(rows[0]["loss"])
+  kept = _params(workdir)
 
-  config.train.learning_rate = 2e-3
-  pretrain_loop.train_and_evaluate(config, str(workdir), allow_config_change=True)
-  trained = _params(workdir, 6)
+  config.train.max_bad_steps = 2
+  pretrain_loop.train_and_evaluate(config, str(workdir))
+  assert [(r["step"], r["skipped"]) for r in _rows(workdir)] == [(1, 0.0), (2, 0.0), (3, 1.0), (4, 0.0)]
+  trained = _params(workdir, 4)
   assert not checkpoints.non_finite(trained)
-  assert [r["skipped"] for r in _rows(workdir)][2:] == [0.0] * 4
-  assert not all(map(np.array_equal, jax.tree.leaves(trained), jax.tree.leaves(initial)))
+  assert not all(map(np.array_equal, jax.tree.leaves(trained), jax.tree.leaves(kept)))
+
+
+def test_an_update_that_overflows_the_weights_is_never_saved(tiny_data, tmp_path):
+  """A learning rate of 1e40 overflows float32: step 1's loss and gradient are finite, its update NaN. The save at
+  step 2 finds the weights non-finite and stops the run in one line; nothing is saved."""
+  config = _config(tiny_data, learning_rate=1e40, num_steps=4)
+  with pytest.raises(FloatingPointError, match=(
+      r"^the state after step 2 is not finite \(NaN/Inf in \d+ arrays, e\.g\. \S+\): an update at or before it "
+      r"overflowed the weights; stopped without saving it \(no checkpoint was saved\)$")):
+    pretrain_loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "checkpoints").exists()
+  assert [r["skipped"] for r in _rows(tmp_path / "run")] == [0.0, 1.0]  # step 2's loss, of NaN weights, is NaN
 
 
 @pytest.mark.parametrize("stop", [False, True])
