@@ -318,12 +318,15 @@ def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None =
   if saved != wanted:
     differ = sorted(set(saved.items()) ^ set(wanted.items()))
     if all(name.startswith("opt_state.") for name, _ in differ):  # the same model, another optimiser layout
-      count = lambda shapes: sum(name.startswith("opt_state.") for name in shapes)
-      flat = count(saved) < count(wanted)
-      layout = lambda flat: "as one flat vector" if flat else "per weight array"
-      raise ValueError(f"{where} holds its optimiser state {layout(flat)}, this run {layout(not flat)}: resume with "
-                       f"--config.train.flat_update={flat} (optim.py; a flat update runs only with mesh.fsdp=1, on "
-                       "GPUs or CPUs)")
+      flat = {k: _flat_rows(shapes) for k, shapes in (("saved", saved), ("wanted", wanted))}
+      if None not in flat.values():  # flat both, laid out for another split of the weights
+        raise ValueError(f"{where} holds its optimiser state flat over mesh.fsdp={flat['saved']}, this run over "
+                         f"{flat['wanted']}: resume with --config.mesh.data=-1 --config.mesh.fsdp={flat['saved']} "
+                         "(optim.py; the flat update's layout follows the weights' split)")
+      layout = lambda rows: "per weight array" if rows is None else "flat"
+      raise ValueError(f"{where} holds its optimiser state {layout(flat['saved'])}, this run "
+                       f"{layout(flat['wanted'])}: resume with --config.train.flat_update={flat['saved'] is not None} "
+                       "(optim.py; a flat update runs on GPUs and CPUs)")
     name = next(n for n, _ in differ if not n.startswith("opt_state."))  # a weight says more than a moment
     raise OtherModelError(where, name, saved.get(name), wanted.get(name), saved_config)
 
@@ -382,6 +385,15 @@ def _named_leaves(tree):
 
 def _shapes(tree) -> dict:
   return {name: tuple(v.shape) for name, v in _named_leaves(tree)}
+
+
+def _flat_rows(shapes: dict) -> int | None:
+  """The mesh.fsdp a flat optimiser state was laid out for (optim.FlatLayout: its matrix's rows, 1 without one), or
+  None for a state per weight array (a few arrays per weight, where a flat one has a few in all)."""
+  moments = [shape for name, shape in shapes.items() if name.startswith("opt_state.")]
+  if len(moments) > sum(name.startswith("params.") for name in shapes):
+    return None
+  return next((shape[0] for shape in moments if len(shape) == 2), 1)
 
 
 CHECKSUM = "sum32"  # the kind of checksums() a checkpoint holds; older ones hold bare CRC-32s (_crc32s)

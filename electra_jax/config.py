@@ -85,9 +85,9 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # adamw (optax's bias-corrected AdamW, warm-up handing over to the decay) | official (the official ELECTRA
       # code's: Adam without bias correction, warm-up factor times a decay from step 0); optim.py has both.
       optimizer="adamw",
-      # Clipping and Adam over one flat vector of all weights where the mesh does not split them (mesh.fsdp 1), on
-      # GPUs and CPUs (not TPUs): a few kernels instead of a few per weight array (optim.py). Numerically the same
-      # update; the checkpoint's optimiser state has its own layout, so a run resumes with the value it started with.
+      # Clipping and Adam over flat vectors of all weights (their shards where mesh.fsdp splits them), on GPUs and
+      # CPUs (not TPUs): a few kernels instead of a few per weight array (optim.py). Numerically the same update; the
+      # checkpoint's optimiser state has its own layout: a run resumes with the value and mesh.fsdp it started with.
       flat_update=True,
       learning_rate=5e-4,
       warmup_steps=10_000,

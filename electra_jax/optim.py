@@ -9,17 +9,22 @@
 The two differ mostly in the first few thousand steps: without bias correction Adam's first steps are larger (m is
 small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
 
-Either can run clipping and Adam over one flat vector of all weights (train.flat_update, where the mesh does not split
-the weights, on GPUs and CPUs; optax.flatten): the gradient's global norm is one reduction and Adam's moments a few
-kernels over all weights, not a few per weight array (an encoder has hundreds); on a GPU, where each kernel costs a
-launch, that is most of the update's time. The moments are then two flat vectors in the checkpoint, a layout of its own
+Either can run clipping and Adam over flat vectors of all weights (train.flat_update, on GPUs and CPUs; FlatLayout):
+the gradient's global norm is one reduction and Adam's moments a few kernels over all weights, not a few per weight
+array (an encoder has hundreds); on a GPU, where each kernel costs a launch, that is most of the update's time. Where
+the mesh splits the weights over fsdp, each device's shards of them are one row of a matrix split the same way, so
+the flat update moves no data between devices. The moments are then flat in the checkpoint, a layout of its own
 (checkpoints.py names the switch when they differ).
 """
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from electra_jax import sharding
 
 OPTIMIZERS = ("adamw", "official")
 
@@ -67,18 +72,82 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
   return optax.GradientTransformation(init, update)
 
 
-def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> bool:
-  """Whether the update runs flat: as train.flat_update (`wanted`) asks, where every device holds the whole weights
-  (mesh.fsdp 1; a flat vector cannot follow the weights' split over fsdp), and not on TPUs, where XLA fuses the
-  per-array update well and the flat one's copies cost more (by the v3-8 cost model, Small's data-parallel step takes
-  8.9 ms flat against 7.4 per array: docs/tpu.md)."""
-  return bool(wanted) and mesh.shape["fsdp"] == 1 and mesh.devices.flat[0].platform != "tpu"
+class FlatLayout:
+  """Where each weight array goes in the flat update: an array the mesh splits over fsdp into its rows of one
+  [fsdp, n] matrix, row k the shard device k holds (whichever dimension is split), laid out as the mesh splits it;
+  every other array into one vector, whole on each device. Without a split (one device, mesh.fsdp 1) the vector alone,
+  as optax.flatten lays it out. Which arrays are split is read from the logical axis names of the parameters the first
+  init sees (state.create's); later inits and updates (plain arrays) take the same layout."""
+
+  def __init__(self, mesh: jax.sharding.Mesh | None = None):
+    self.mesh = mesh if mesh is not None and mesh.shape["fsdp"] > 1 else None
+    self.split = None  # per weight array (tree order), the dimension split over fsdp or None
+
+  def flatten(self, tree):
+    """`tree`'s arrays as the vector, or (the matrix, the vector) where the layout splits some."""
+    leaves = jax.tree.leaves(tree)
+    is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+    boxed = any(map(is_box, jax.tree.leaves(tree, is_leaf=is_box)))
+    if self.mesh is None:
+      self.split = [None] * len(leaves)
+    elif boxed:
+      specs = jax.tree.leaves(sharding.tree_specs(tree, self.mesh)[0], is_leaf=lambda s: isinstance(s, P))
+      self.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
+    elif self.split is None:
+      raise ValueError("the flat update's layout is read from boxed parameters: init before update")
+    whole = jnp.concatenate([jnp.ravel(x) for x, d in zip(leaves, self.split) if d is None] or [jnp.zeros([0])])
+    rows = [self._rows(x, d) for x, d in zip(leaves, self.split) if d is not None]
+    if not rows:
+      return whole
+    matrix = jax.lax.with_sharding_constraint(jnp.concatenate(rows, axis=1), NamedSharding(self.mesh, P("fsdp")))
+    return (nn.LogicallyPartitioned(matrix, ("shards", None)) if boxed else matrix), whole
+
+  def unflatten(self, flat, like):
+    """`flat` (as flatten lays it out) as arrays of `like`'s shapes."""
+    leaves, treedef = jax.tree.flatten(like)
+    matrix, whole = flat if isinstance(flat, tuple) else (None, flat)
+    out, at, column = [], 0, 0
+    for x, d in zip(leaves, self.split):
+      if d is None:
+        out.append(whole[at:at + x.size].reshape(x.shape))
+        at += x.size
+      else:
+        n = x.size // self.mesh.shape["fsdp"]
+        out.append(self._array(matrix[:, column:column + n], x.shape, d))
+        column += n
+    return jax.tree.unflatten(treedef, out)
+
+  def _rows(self, x, d):
+    """x, split along d, as [fsdp, x.size / fsdp]: row k device k's shard."""
+    f = self.mesh.shape["fsdp"]
+    return jnp.moveaxis(x.reshape(x.shape[:d] + (f, x.shape[d] // f) + x.shape[d + 1:]), d, 0).reshape(f, -1)
+
+  def _array(self, rows, shape, d):
+    f = self.mesh.shape["fsdp"]
+    return jnp.moveaxis(rows.reshape((f,) + shape[:d] + (shape[d] // f,) + shape[d + 1:]), 0, d).reshape(shape)
+
+
+def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> FlatLayout | None:
+  """The flat update's layout on `mesh` if it runs flat: as train.flat_update (`wanted`) asks, and not on TPUs, where
+  XLA fuses the per-array update well and the flat one's copies cost more (docs/tpu.md, docs/benchmarks.md)."""
+  return FlatLayout(mesh) if wanted and mesh.devices.flat[0].platform != "tpu" else None
+
+
+def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.GradientTransformation:
+  """`inner` over the weights flattened by `layout` (optax.flatten, with the weights' split over devices kept)."""
+  def init(params):
+    return inner.init(layout.flatten(params))
+
+  def update(updates, state, params=None):
+    flat, state = inner.update(layout.flatten(updates), state, None if params is None else layout.flatten(params))
+    return layout.unflatten(flat, updates), state
+  return optax.GradientTransformation(init, update)
 
 
 def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask,
-          flat: bool = False):
-  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps; over one flat vector if
-  `flat` (flat_update)."""
+          flat: FlatLayout | bool | None = None):
+  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps; flat if `flat` (flat_update's
+  layout; True: whole arrays)."""
   # .get: config.json of workdirs from before the key was added lacks it.
   name = train.get("optimizer", "adamw")
   if name not in OPTIMIZERS:
@@ -92,20 +161,24 @@ def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: in
   clip = optax.clip_by_global_norm(train.clip_norm)
   decay_and_rate = (optax.add_decayed_weights(train.weight_decay, mask), optax.scale_by_learning_rate(schedule))
   if flat:  # the decay and the rate per array, where they fuse with the weights' own update
-    return optax.chain(optax.flatten(optax.chain(clip, direction)), *decay_and_rate), schedule
+    return optax.chain(flatten(optax.chain(clip, direction), _layout(flat)), *decay_and_rate), schedule
   return optax.chain(clip, optax.chain(direction, *decay_and_rate)), schedule
 
 
-def global_norm(grads, flat: bool) -> jax.Array:
-  """The gradient's global norm (the steps' grad_norm), as the update takes it: with the flat update, of the one
-  vector it concatenates (the same concatenation, which XLA computes once), in one reduction. The barrier keeps that
-  vector whole: XLA would split a reduction over a concatenation back into one per array, hundreds of small kernels
-  (a quarter of the Small step's fusions on a CPU)."""
+def global_norm(grads, flat: FlatLayout | bool | None) -> jax.Array:
+  """The gradient's global norm (the steps' grad_norm), as the update takes it: with the flat update, of the arrays
+  it flattens to (the same flattening, which XLA computes once), a reduction each. The barrier keeps them whole: XLA
+  would split a reduction over a concatenation back into one per array, hundreds of small kernels (a quarter of the
+  Small step's fusions on a CPU)."""
   if not flat:
     return optax.global_norm(grads)
-  return jnp.linalg.norm(jax.lax.optimization_barrier(jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(grads)])))
+  return optax.global_norm(jax.lax.optimization_barrier(_layout(flat).flatten(grads)))
 
 
-def pretraining(train: ml_collections.ConfigDict, flat: bool = False):
+def _layout(flat: FlatLayout | bool) -> FlatLayout:
+  return flat if isinstance(flat, FlatLayout) else FlatLayout()
+
+
+def pretraining(train: ml_collections.ConfigDict, flat: FlatLayout | bool | None = None):
   """The pre-training optimiser and its schedule (the schedule is also logged)."""
   return build(train, train.warmup_steps, train.num_steps, flat=flat)

@@ -62,6 +62,7 @@ RULES = (
     ("length", None),
     ("act_embed", None),
     ("act_hidden", None),
+    ("shards", "fsdp"),  # the flat update's matrix of weight shards, a row per fsdp device (optim.FlatLayout)
 )
 
 
@@ -104,21 +105,30 @@ def _fit(spec: P, shape, mesh: Mesh) -> P:
   return P(*axes)
 
 
+def tree_specs(boxed_tree, mesh: Mesh):
+  """PartitionSpecs on `mesh` for a tree whose arrays are boxed with logical axis names (from a Flax init or
+  jax.eval_shape), with the mesh axes that do not divide a dimension dropped; and the unboxed tree."""
+  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_tree), RULES)
+  shapes = nn.meta.unbox(boxed_tree)
+  return jax.tree.map(lambda spec, x: _fit(spec, x.shape, mesh), specs, shapes,
+                      is_leaf=lambda s: isinstance(s, P)), shapes
+
+
 def tree_shardings(abstract_boxed_tree, mesh: Mesh):
   """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape). Logs, once,
   every array that stays replicated along a dimension its rule would split because the mesh does not divide it."""
-  specs = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
-  shapes = nn.meta.unbox(abstract_boxed_tree)
+  wanted = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
+  fitted, shapes = tree_specs(abstract_boxed_tree, mesh)
   undivided = []
 
-  def fit(path, spec, x):
-    fitted = _fit(spec, x.shape, mesh)
+  def fit(path, spec, fit_spec, x):
     name = jax.tree_util.keystr(path)
-    if tuple(fitted) != tuple(spec) + (None,) * (len(fitted) - len(spec)) and "opt_state" not in name:
+    if tuple(fit_spec) != tuple(spec) + (None,) * (len(fit_spec) - len(spec)) and "opt_state" not in name:
       undivided.append(f"{name} {tuple(x.shape)}")
-    return NamedSharding(mesh, fitted)
+    return NamedSharding(mesh, fit_spec)
 
-  shardings = jax.tree_util.tree_map_with_path(fit, specs, shapes, is_leaf=lambda s: isinstance(s, P))
+  is_spec = lambda s: isinstance(s, P)
+  shardings = jax.tree_util.tree_map_with_path(fit, wanted, fitted, shapes, is_leaf=is_spec)
   if undivided:
     logging.info("Replicated where the %s mesh does not divide a dimension: %s", dict(mesh.shape),
                  "; ".join(undivided))

@@ -20,7 +20,7 @@ class TrainState:
 
 
 def apply_gradients(state: TrainState, loss: jax.Array, grads, tx: optax.GradientTransformation,
-                    flat: bool) -> tuple[TrainState, dict]:
+                    flat: optim.FlatLayout | None) -> tuple[TrainState, dict]:
   """`state` after one optax update by `grads` (of `loss`; `flat`: the flat update's, optim.py), applied only where
   the loss and the gradient's global norm are finite: otherwise the step keeps the parameters and optimiser state as
   they were and only counts (optax's apply_if_finite, over the whole state). The test is two scalars the update

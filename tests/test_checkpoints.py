@@ -230,8 +230,9 @@ def test_resume_on_fewer_devices_with_another_batch_size(runs, request):
 
 def test_restore_reshards_onto_another_mesh(tiny_data, straight):
   """A checkpoint written on 8 devices (data=8) restores bitwise onto 2 devices split by FSDP: its weights and step;
-  its optimiser state, flat where the weights were whole on each device (train.flat_update), is refused in one line
-  naming the switch, for one per weight array."""
+  its optimiser state, flat (train.flat_update) and laid out for weights whole on each device, is refused in one line
+  naming the mesh it was saved on, for one laid out over fsdp=2 (optim.FlatLayout), and naming the switch, for one
+  per weight array."""
   config, prepared = tiny_data
   reference = _params(straight())
   config = workdir_lib.load_config(str(straight()))
@@ -240,10 +241,14 @@ def test_restore_reshards_onto_another_mesh(tiny_data, straight):
   ckpt = checkpoints.Checkpointer(str(straight()), config, prepared.tokenizer_path)
   abstract = exp.sharded.abstract()
   restored = ckpt.restore({"params": abstract.params, "step": abstract.step})
-  with pytest.raises(ValueError, match=r"checkpoints/8 holds its optimiser state as one flat vector, this run per "
-                     r"weight array: resume with --config.train.flat_update=True \(optim.py; a flat update runs "
-                     r"only with mesh.fsdp=1, on GPUs or CPUs\)$"):
+  with pytest.raises(ValueError, match=r"checkpoints/8 holds its optimiser state flat over mesh.fsdp=1, this run "
+                     r"over 2: resume with --config.mesh.data=-1 --config.mesh.fsdp=1 \(optim.py; the flat update's "
+                     r"layout follows the weights' split\)$"):
     ckpt.restore(abstract)
+  config.train.flat_update = False
+  with pytest.raises(ValueError, match=r"checkpoints/8 holds its optimiser state flat, this run per weight array: "
+                     r"resume with --config.train.flat_update=True \(optim.py; a flat update runs on GPUs and CPUs\)$"):
+    ckpt.restore(experiment.create(config, prepared.special_ids, devices=jax.devices()[:2]).sharded.abstract())
   ckpt.close()
   kernel = restored.state["params"]["discriminator"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.mesh.devices.size == 2 and kernel.sharding.spec[0] == "fsdp"

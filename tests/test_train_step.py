@@ -44,14 +44,22 @@ def _assert_close(run1, run2):
 
 
 def test_sharded_step_equals_single_device(objective="electra"):
+  """The flat update (train.flat_update, the default) on 1 device, on data=8 and on data=2 x fsdp=4, and the update
+  per weight array on data=2 x fsdp=4: the same parameters and metrics."""
   one = _run((1, 1), objective)
-  for mesh in [(8, 1), (2, 4)]:
-    run = _run(mesh, objective)
+  for mesh, flat in [((8, 1), True), ((2, 4), True), ((2, 4), False)]:
+    run = _run(mesh, objective, update=dict(train=dict(flat_update=flat)))
     _assert_close(one, run)
-  state = run[2]
-  # FSDP really shards: the discriminator's FFN kernel is split 4 ways over "fsdp".
-  kernel = state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
-  assert kernel.sharding.spec[0] == "fsdp" and kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // 4
+    state = run[2]
+    # FSDP really shards: the discriminator's FFN kernel is split 4 ways over "fsdp"; so are the flat update's
+    # moments of the split weights, a row of shards per device.
+    kernel = state.params["discriminator"]["layer_0"]["intermediate"]["kernel"]
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim == 2]
+    if mesh[1] > 1:
+      assert kernel.sharding.spec[0] == "fsdp" and kernel.addressable_shards[0].data.shape[0] == kernel.shape[0] // 4
+    if mesh[1] > 1 and flat:
+      assert len(moments) == 2 and all(m.shape[0] == 4 and m.sharding.spec[0] == "fsdp" and
+                                       m.addressable_shards[0].data.shape[0] == 1 for m in moments)
 
 
 def test_each_mesh_axis_can_take_the_devices_the_other_leaves():
