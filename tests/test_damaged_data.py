@@ -16,7 +16,7 @@ from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import check as check_command
 from electra_jax import prepare
-from electra_jax.data import build, check, input_pipeline, integrity, pretraining
+from electra_jax.data import build, check, input_pipeline, integrity, records
 from tests import helpers, pretrain_cli
 
 
@@ -97,7 +97,7 @@ def test_examples_are_written_with_their_features_in_one_order():
   ids, segments = (tf_example_generated_pb2.Example(features={"feature": {name: {"int64_list": {"value": [i]}}}})
                    .SerializeToString() for i, name in enumerate(input_pipeline.FEATURES))
   assert ids + segments != segments + ids  # the same example, its two features in two orders
-  assert pretraining.canonical(ids + segments) == pretraining.canonical(segments + ids)
+  assert records.canonical(ids + segments) == records.canonical(segments + ids)
 
 
 def test_check_command_passes_good_data_and_names_each_problem(tiny_data, tmp_path, capsys):

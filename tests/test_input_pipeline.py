@@ -1,14 +1,16 @@
 """The per-host pipeline: disjoint covering host shards, exact O(1) resume, fixed validation, global arrays."""
 import collections
 import json
+import logging
 
 import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tensorflow_datasets.proto import tf_example_generated_pb2
 
-from electra_jax.data import input_pipeline
+from electra_jax.data import input_pipeline, records
 
 
 def _rows(batches):
@@ -134,3 +136,39 @@ def test_batches_placed_ahead_are_the_same_batches_and_position(tiny_data):
   np.testing.assert_array_equal(np.asarray(next(resumed)["input_ids"]), next(plain)["input_ids"])
   for it in (plain, placed, resumed):
     it.close()
+
+
+def test_batches_decoded_with_numpy_are_those_protobuf_parses(tiny_data, caplog):
+  """Every batch of an epoch is decoded by records.Decoder (numpy: the reading threads hold the GIL only between its
+  loops) into the arrays protobuf's parse gives; records laid out otherwise are left to protobuf, and the Reader
+  then says once that the dataset is read the slow way."""
+  config, prepared = tiny_data
+  reader = input_pipeline.Reader(prepared.dataset_dir)
+  source = tfds.builder_from_directory(prepared.dataset_dir).as_data_source(split="train").data_source
+  decode = records.Decoder(input_pipeline.FEATURES, config.data.seq_len)
+  order = np.random.default_rng(0).permutation(reader.num_examples)
+  for start in range(0, reader.num_examples, config.train.batch_size):
+    raw = source.__getitems__(order[start:start + config.train.batch_size].tolist())
+    got, want = decode(raw), records.parse(raw, input_pipeline.FEATURES, config.data.seq_len)
+    assert got is not None
+    for key in input_pipeline.FEATURES:
+      assert got[key].dtype == np.int32 and got[key].flags.c_contiguous
+      np.testing.assert_array_equal(got[key], want[key])
+
+  example = tf_example_generated_pb2.Example.FromString(raw[0])
+  features = example.features.feature
+  ids, segments = (tf_example_generated_pb2.Example(features={"feature": {k: features[k]}})
+                   .SerializeToString() for k in input_pipeline.FEATURES)
+  del features["segment_ids"].int64_list.value[-1]
+  other = {"features in another order": segments + ids, "cut short": raw[0][:-1], "empty": b"",
+           "a value fewer": records.canonical(example.SerializeToString()),
+           "another name": raw[0].replace(b"segment_ids", b"segment_idz"),
+           "another length": raw[0][:1] + bytes([raw[0][1] ^ 1]) + raw[0][2:]}  # the example's, its first byte
+  for what, record in other.items():
+    assert decode([raw[1], record]) is None, what
+  caplog.set_level(logging.WARNING, logger="absl")
+  for _ in range(2):
+    parsed = reader.parse([raw[0], segments + ids])
+    for key in input_pipeline.FEATURES:
+      np.testing.assert_array_equal(parsed[key], want[key][[0, 0]])
+  assert caplog.text.count("are not laid out as electra-prepare writes them") == 1

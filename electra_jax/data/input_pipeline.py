@@ -29,16 +29,18 @@ from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import storage
 from electra_jax.data import integrity
+from electra_jax.data import records as records_lib
 
 FEATURES = ("input_ids", "segment_ids")
 
 
 class Reader:
   """Examples of one split by index, read a batch at a time through ArrayRecord's own reader (one per shard, no
-  read-ahead: random access) and parsed without TensorFlow: the records are tf.train.Example protos, parsed with the
-  proto module TFDS ships. (TFDS's data source costs as much again in per-batch key bookkeeping, its decoded reads
-  ~2x more.) A shard is opened when first read; of a gs:// dataset it is fetched then, into a local copy
-  (ArrayRecord's reader takes local paths only), so a host fetches only the shards it reads."""
+  read-ahead: random access) and decoded without TensorFlow: the records are tf.train.Example protos, decoded with
+  numpy (records.Decoder) or, laid out otherwise, parsed with the proto module TFDS ships. (TFDS's data source costs
+  as much again in per-batch key bookkeeping, its decoded reads ~2x more.) A shard is opened when first read; of a
+  gs:// dataset it is fetched then, into a local copy (ArrayRecord's reader takes local paths only), so a host
+  fetches only the shards it reads."""
 
   def __init__(self, dataset_dir: str, split: str = "train", fail_fast: bool = True):
     """fail_fast: raise integrity.Damaged for the first shard whose size is not the recorded one; else list them in
@@ -69,6 +71,7 @@ class Reader:
     self._shards = [None] * len(self._files)
     self._opening = threading.Lock()  # the prefetch threads share the shards
     self._starts = np.cumsum([0, *info.shard_lengths])[:-1]
+    self._decode = records_lib.Decoder(FEATURES, self.seq_len)
 
   def path(self, name: str) -> str:
     """Where the shard file `name` is read: the dataset's own directory, or this host's copy of a gs:// one."""
@@ -141,9 +144,19 @@ class Reader:
       raise self._unparsable(records, shards) or e
 
   def parse(self, records: list[bytes]) -> dict[str, np.ndarray]:
-    examples = [tf_example_generated_pb2.Example.FromString(r).features.feature for r in records]
-    return {k: np.array([e[k].int64_list.value for e in examples], np.int32).reshape(len(examples), self.seq_len)
-            for k in FEATURES}
+    """The examples `records`, decoded with numpy where they are laid out as electra-prepare writes them, else
+    parsed with protobuf, which holds the GIL: data prepared before 2026-11-28 may be (then said once, with the
+    remedy, and only protobuf parses this dataset's records from then on)."""
+    if self._decode and (batch := self._decode(records)) is not None:
+      return batch
+    batch = records_lib.parse(records, FEATURES, self.seq_len)
+    if self._decode:
+      self._decode = None
+      logging.warning("The records of %s are not laid out as electra-prepare writes them since 2026-11-28 (each "
+                      "example's features in the order of their names): they are parsed with protobuf, which holds "
+                      "Python's GIL and can hold back the training loop; delete the dataset and run electra-prepare "
+                      "again for the faster reads (the same examples, in the same order)", self.dataset_dir)
+    return batch
 
   def _unparsable(self, records: list[bytes], shards: np.ndarray) -> integrity.Damaged | None:
     """The error for the first of `records` that is not one of this dataset's examples. ArrayRecord reads a shard
@@ -199,7 +212,7 @@ class TrainIterator:
     self._seed = seed
     self._step = int((state or {}).get("step", 0))
     self._permutation = functools.lru_cache(maxsize=2 * len(self._lanes))(self._permutation)  # two epochs a batch
-    self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and the parse release the GIL
+    self._pool = concurrent.futures.ThreadPoolExecutor(num_threads)  # the reads and numpy's decoding release the GIL
     self._pending = [self._pool.submit(self._batch, self._step + i) for i in range(prefetch)]
     try:  # the first batch read now: a damaged shard in it is refused before the run writes anything
       self._pending[0].result()
@@ -297,21 +310,23 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
 
 class OnDevice:
   """The next `depth` batches of `batches` (host numpy) placed on the devices ahead of time, by one thread in order,
-  so that a step never waits on its batch's copy to the devices. get_state() is `batches`' position after the last
-  batch handed out (recorded with each batch; `batches` runs `depth` ahead)."""
+  so that a step never waits on its batch's copy to the devices; with `steps` > 1, `steps` batches at a time, stacked
+  on a leading axis (`sharding` lays out the stack: a dispatch of that many steps). get_state() is `batches`' position
+  after the last batch handed out (recorded with each batch; `batches` runs `depth` ahead)."""
 
-  def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2):
-    self._batches, self._sharding = batches, sharding
+  def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2,
+               steps: int = 1):
+    self._batches, self._sharding, self._steps = batches, sharding, steps
     self._state = self._position()
-    self._pool = concurrent.futures.ThreadPoolExecutor(1)
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, "on-device")
     self._pending = collections.deque(self._pool.submit(self._place) for _ in range(depth))
 
   def _position(self):
     return self._batches.get_state() if hasattr(self._batches, "get_state") else None
 
   def _place(self):
-    batch = to_global(next(self._batches), self._sharding)
-    return batch, self._position()
+    batch = next(self._batches) if self._steps == 1 else stack([next(self._batches) for _ in range(self._steps)])
+    return to_global(batch, self._sharding), self._position()
 
   def __iter__(self):
     return self
@@ -328,6 +343,11 @@ class OnDevice:
     self._pool.shutdown(wait=True, cancel_futures=True)  # no thread left reading from what closes next
     if hasattr(self._batches, "close"):
       self._batches.close()
+
+
+def stack(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Host batches stacked on a new leading axis: the input of a dispatch of len(batches) steps."""
+  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 def to_global(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:

@@ -18,13 +18,13 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tqdm
 from tensorflow_datasets.core.utils import shard_utils
-from tensorflow_datasets.proto import tf_example_generated_pb2
 
 from electra_jax import storage
 from electra_jax.data import corpus as corpus_lib
 from electra_jax.data import integrity
 from electra_jax.data import packing
 from electra_jax.data import prepared
+from electra_jax.data import records
 
 MIN_SHARD_BYTES = 16 << 20  # of serialized examples: smaller shards would add files, not lanes a pod needs
 MAX_SHARDS = 256  # a host opens every shard it reads (one file each), and lanes stop at the batch size anyway
@@ -109,12 +109,7 @@ class ExampleWriter(tfds.core.ExampleWriter):
   and a rebuilt dataset (electra-prepare --repair) could not be told the same as the first by its CRC-32s."""
 
   def write(self, path, examples):
-    return super().write(path, ((key, canonical(example)) for key, example in examples))
-
-
-def canonical(serialized: bytes) -> bytes:
-  """A serialized tf.train.Example with its features in the order of their names."""
-  return tf_example_generated_pb2.Example.FromString(serialized).SerializeToString(deterministic=True)
+    return super().write(path, ((key, records.canonical(example)) for key, example in examples))
 
 
 def is_validation(index: int, fraction: float) -> bool:
