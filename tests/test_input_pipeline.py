@@ -117,20 +117,30 @@ def test_reader_maps_indices_across_shards(tiny_data, tmp_path):
     np.testing.assert_array_equal(got[key], want[key])
 
 
-def test_batches_placed_ahead_are_the_same_batches_and_position(tiny_data):
+def _buffers(batch) -> list[int]:
+  return [s.data.unsafe_buffer_pointer() for k in input_pipeline.FEATURES for s in batch[k].addressable_shards]
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_batches_placed_ahead_are_the_same_batches_and_position(tiny_data, stable):
   """OnDevice (the training loop's prefetch onto the devices) hands out the iterator's batches unchanged, as global
-  arrays with the batch sharding, and its position is that of the last batch handed out, not of the read-ahead."""
+  arrays with the batch sharding, and its position is that of the last batch handed out, not of the read-ahead;
+  `stable`, in the same device buffers every time."""
   config, prepared = tiny_data
   mesh = Mesh(np.array(jax.devices()), ("data",))
   sharding = NamedSharding(mesh, P("data"))
   plain = input_pipeline.train_iterator(config, prepared)
-  placed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared, state={"step": 0}), sharding)
+  placed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared, state={"step": 0}), sharding,
+                                   stable=stable)
   assert placed.get_state() == {"step": 0}
+  buffers = set()
   for step in range(1, 6):
     batch, expected = next(placed), next(plain)
     assert batch["input_ids"].sharding == sharding and placed.get_state() == {"step": step}
     for key in ("input_ids", "segment_ids"):
       np.testing.assert_array_equal(np.asarray(batch[key]), expected[key])
+    buffers.add(tuple(_buffers(batch)))
+  assert len(buffers) == 1 or not stable
   resumed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared, state=placed.get_state()),
                                     sharding)
   np.testing.assert_array_equal(np.asarray(next(resumed)["input_ids"]), next(plain)["input_ids"])

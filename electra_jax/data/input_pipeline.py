@@ -19,6 +19,7 @@ import threading
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
@@ -312,11 +313,16 @@ class OnDevice:
   """The next `depth` batches of `batches` (host numpy) placed on the devices ahead of time, by one thread in order,
   so that a step never waits on its batch's copy to the devices; with `steps` > 1, `steps` batches at a time, stacked
   on a leading axis (`sharding` lays out the stack: a dispatch of that many steps). get_state() is `batches`' position
-  after the last batch handed out (recorded with each batch; `batches` runs `depth` ahead)."""
+  after the last batch handed out (recorded with each batch; `batches` runs `depth` ahead).
+
+  stable: each batch handed out in the same device buffers (written over them by `_write_into`, a copy on the
+  devices), so that a GPU step's command buffer finds its input where it was; the batch handed out before is then
+  deleted."""
 
   def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2,
-               steps: int = 1):
+               steps: int = 1, stable: bool = False):
     self._batches, self._sharding, self._steps = batches, sharding, steps
+    self._stable, self._slot = stable, None
     self._state = self._position()
     self._pool = concurrent.futures.ThreadPoolExecutor(1, "on-device")
     self._pending = collections.deque(self._pool.submit(self._place) for _ in range(depth))
@@ -334,6 +340,9 @@ class OnDevice:
   def __next__(self) -> dict[str, jax.Array]:
     batch, self._state = self._pending.popleft().result()
     self._pending.append(self._pool.submit(self._place))
+    if self._stable:  # the first slot a copy: a batch on a CPU may lie in its numpy array's memory, not donatable
+      slot = jax.tree.map(jnp.copy, batch) if self._slot is None else self._slot
+      batch = self._slot = _write_into(slot, batch)
     return batch
 
   def get_state(self):
@@ -343,6 +352,13 @@ class OnDevice:
     self._pool.shutdown(wait=True, cancel_futures=True)  # no thread left reading from what closes next
     if hasattr(self._batches, "close"):
       self._batches.close()
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_into(slot: dict[str, jax.Array], batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """`batch` written over `slot` (donated; arrays of the same shapes and shardings): the result lies in slot's
+  buffers. An update in place does it; XLA hands back the batch's own buffers for an identity or a copy."""
+  return jax.tree.map(lambda s, b: jax.lax.dynamic_update_slice(s, b, (0,) * b.ndim), slot, batch)
 
 
 def stack(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
