@@ -142,10 +142,65 @@ class Dropout(nn.Module):
     return jnp.where(keep, x / ((2**16 - threshold) / 2**16), 0).astype(x.dtype)
 
 
-def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.compute_dtype, name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
+def _moments(x: jax.Array):
+  """Mean and mean square over the last axis, in float32: one pass over x (one reduction kernel for both)."""
+  x = x.astype(jnp.float32)
+  return x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
+
+
+def _normalized(x, mean, mean_square, eps):
+  """(x - mean) / √(var + eps) in float32, var = E[x²] - E[x]² as nn.LayerNorm computes it."""
+  return (x.astype(jnp.float32) - mean) * jax.lax.rsqrt(jnp.maximum(mean_square - mean * mean, 0) + eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+  """nn.LayerNorm's function over the last axis (statistics in float32, the result in x's dtype), with a backward
+  pass written out: it keeps x and the two moments (not the inverse deviation, whose [..., 1] shape XLA:GPU cannot
+  produce with the normalised output and so launches on its own), and takes one row reduction for the input's
+  gradient and one column reduction for both parameters' where autodiff's takes several."""
+  return _layer_norm_fwd(x, scale, bias, eps)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+  mean, mean_square = _moments(x)
+  return (_normalized(x, mean, mean_square, eps) * scale + bias).astype(x.dtype), (x, mean, mean_square, scale)
+
+
+def _layer_norm_bwd(eps, residuals, grad):
+  x, mean, mean_square, scale = residuals
+  x_hat = _normalized(x, mean, mean_square, eps)
+  grad = grad.astype(jnp.float32)
+  g = grad * scale
+  # d/dx of (x - mean) · rstd: g's part minus its mean and its projection on x_hat, times rstd.
+  rstd = jax.lax.rsqrt(jnp.maximum(mean_square - mean * mean, 0) + eps)
+  dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
+  # Both parameters' gradients as one (variadic) reduction: XLA:GPU launches separate sums separately.
+  dscale, dbias = jax.lax.reduce((grad * x_hat, grad), (jnp.float32(0), jnp.float32(0)),
+                                 lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(x.ndim - 1)))
+  return dx.astype(x.dtype), dscale, dbias
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """nn.LayerNorm's parameters (scale, bias: float32) and function in `layer_norm`, the result in `dtype`."""
+  epsilon: float
+  dtype: jnp.dtype
+  axis_name: str
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axis_name,)),
+                      (x.shape[-1],), jnp.float32)
+    return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
+
+
+def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") -> LayerNorm:
+  return LayerNorm(config.layer_norm_eps, config.compute_dtype, axis_name, name=name)
 
 
 def one_hot_lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
