@@ -128,6 +128,20 @@ def dense(config: ModelConfig, features: int, axes, name: str) -> Dense:
                nn.with_logical_partitioning(nn.initializers.zeros, axes[-1:]), name=name)
 
 
+def _keep_mask(rng: jax.Array, shape, rate: float) -> jax.Array:
+  """Dropout's keep-mask for `shape`, drawn as 16-bit integers (the rate exact to 1/65536)."""
+  return jax.random.bits(rng, shape, jnp.uint16) >= round(rate * 2**16)
+
+
+def _kept(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
+  """x where `keep`, scaled up by what is kept on average (inverted dropout), else 0."""
+  return jnp.where(keep, x / ((2**16 - round(rate * 2**16)) / 2**16), 0).astype(x.dtype)
+
+
+def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
+  return x if rng is None else _kept(x, _keep_mask(rng, x.shape, rate), rate)
+
+
 class Dropout(nn.Module):
   """Inverted dropout with keep-masks drawn as 16-bit integers (rate exact to 1/65536). nn.Dropout draws a 32-bit
   uniform per element; on CPU those random numbers were ~40% of a Small step, and 16-bit draws halve them."""
@@ -135,11 +149,7 @@ class Dropout(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    if deterministic or self.rate == 0.0:
-      return x
-    threshold = round(self.rate * 2**16)
-    keep = jax.random.bits(self.make_rng("dropout"), x.shape, jnp.uint16) >= threshold
-    return jnp.where(keep, x / ((2**16 - threshold) / 2**16), 0).astype(x.dtype)
+    return _dropped(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"))
 
 
 def _moments(x: jax.Array):
@@ -267,19 +277,6 @@ def fused_kernel(dtype) -> str | None:
   return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
 
 
-def _keep_mask(rng: jax.Array, shape, rate: float):
-  """Dropout's keep-mask for `shape`, drawn as Dropout draws it (16-bit integers), and the divisor of what is kept."""
-  threshold = round(rate * 2**16)
-  return jax.random.bits(rng, shape, jnp.uint16) >= threshold, (2**16 - threshold) / 2**16
-
-
-def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
-  if rng is None:
-    return x
-  keep, kept = _keep_mask(rng, x.shape, rate)
-  return jnp.where(keep, x / kept, 0)
-
-
 def _masked_scores(q, k, mask):
   """q kᵀ / √head_dim [batch, heads, query, key] in q's dtype, with the dtype's lowest value where a key is masked
   and 0 everywhere in a row with no key at all (the uniform softmax that the lowest value alone would give it)."""
@@ -373,14 +370,15 @@ class EncoderLayer(nn.Module):
   encoder: EncoderConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool, keep: Optional[jax.Array] = None):
+    """`keep`: the keep-masks [2, batch, length, hidden] of the layer's two dropout sites; None: no dropout."""
     c, e = self.config, self.encoder
-    drop = Dropout(c.dropout_rate)
+    drop = lambda h, i: h if keep is None else _kept(h, keep[i], c.dropout_rate)
     h = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
-    x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, deterministic=deterministic))
+    x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, 0))
     h = nn.gelu(dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
     h = dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h)
-    x = _layer_norm(c, "hidden", "output_LayerNorm")(x + drop(h, deterministic=deterministic))
+    x = _layer_norm(c, "hidden", "output_LayerNorm")(x + drop(h, 1))
     return nn.with_logical_constraint(x, ("batch", "length", "act_hidden"))
 
 
@@ -395,28 +393,35 @@ class Encoder(nn.Module):
     x = embedded
     if c.embedding_size != e.hidden_size:
       x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
+    # Every layer's dropout keep-masks in one draw: on a GPU each draw launches kernels for its key and counters
+    # besides the one that makes its masks.
+    keep = None
+    if not deterministic and c.dropout_rate > 0.0:
+      keep = _keep_mask(self.make_rng("dropout"), (e.num_layers, 2) + x.shape, c.dropout_rate)
     if c.scan_layers and not self.is_initializing():
       return _scan_layers(c, e, self.variables["params"], x, mask, deterministic,
-                          None if deterministic else self.make_rng("dropout"))
+                          None if deterministic else self.make_rng("dropout"), keep)
     layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
     for i in range(e.num_layers):
-      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic)
+      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic, None if keep is None else keep[i])
     return x
 
 
-def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng):
+def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, keep):
   """The layers as one lax.scan over their parameters stacked inside the step: XLA compiles one layer instead of
   num_layers copies, while the parameters (checkpoints, exports) keep their per-layer names layer_0, layer_1, ...
-  Each layer's dropout key is split from the encoder's, so the random stream differs from the unrolled layers'."""
+  Each layer takes its slice of `keep` (the encoder's dropout masks); its attention-dropout key is split from the
+  encoder's, so that stream differs from the unrolled layers'."""
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
   keys = None if rng is None else jax.random.split(rng, e.num_layers)
   layer = EncoderLayer(c, e)
 
   def body(h, inputs):
-    p, key = inputs
-    return layer.apply({"params": p}, h, mask, deterministic, rngs={} if key is None else {"dropout": key}), None
+    p, key, k = inputs
+    return layer.apply({"params": p}, h, mask, deterministic, k,
+                       rngs={} if key is None else {"dropout": key}), None
 
-  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys))
+  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys, keep))
   return x
 
 

@@ -245,7 +245,8 @@ def test_attention_impl_config_errors_name_the_key():
 
 def test_scanned_layers_are_the_unrolled_layers():
   """model.scan_layers runs the same layers, from the same per-layer parameters (checkpoints and exports unchanged):
-  equal hidden states and gradients with dropout off, and a training forward that draws its dropout."""
+  equal hidden states and gradients with dropout off, and a training forward that draws its dropout, the same
+  masks as the unrolled layers'."""
   c = config_lib.base("tiny")
   c.model.update(num_layers=3, remat=True)
   c.data.update(vocab_size=100, seq_len=16)
@@ -269,9 +270,13 @@ def test_scanned_layers_are_the_unrolled_layers():
   # so only rounding is left of it: the tolerance is relative to the largest gradient).
   scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(ga))
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6 * scale), ga, gb)
-  train = jax.jit(lambda key: scanned.apply({"params": params}, ids, seg, deterministic=False, rngs={"dropout": key},
-                                            method=modeling.Electra.encode))
-  assert not np.allclose(train(jax.random.key(1)), train(jax.random.key(2)))
+  train = lambda model, key: jax.jit(lambda: model.apply(
+      {"params": params}, ids, seg, deterministic=False, rngs={"dropout": key}, method=modeling.Electra.encode))()
+  assert not np.allclose(train(scanned, jax.random.key(1)), train(scanned, jax.random.key(2)))
+  # Each layer's dropout masks are its slice of the encoder's one draw, scanned or not (attention dropout aside).
+  unrolled, scanned = (modeling.Electra(dataclasses.replace(m.config, attention_dropout_rate=0.0))
+                       for m in (unrolled, scanned))
+  np.testing.assert_allclose(train(unrolled, jax.random.key(1)), train(scanned, jax.random.key(1)), rtol=1e-5)
 
 
 def test_one_hot_embeddings_equal_the_gather():
