@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from electra_jax import sharding
 
@@ -99,7 +99,7 @@ class FlatLayout:
     rows = [self._rows(x, d) for x, d in zip(leaves, self.split) if d is not None]
     if not rows:
       return whole
-    matrix = jax.lax.with_sharding_constraint(jnp.concatenate(rows, axis=1), NamedSharding(self.mesh, P("fsdp")))
+    matrix = jnp.concatenate(rows, axis=1)
     return (nn.LogicallyPartitioned(matrix, ("shards", None)) if boxed else matrix), whole
 
   def unflatten(self, flat, like):
