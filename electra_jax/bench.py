@@ -17,6 +17,17 @@ mostly), part of every fresh run's start-up. It also counts what the compiled st
 instructions, fusions, kernels by kind: on a GPU each kernel is a launch), as electra-compile --gpu counts them from a
 CPU. FLOPs, TFLOP/s and MFU come from electra_jax.flops.
 The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...).
+
+  electra-bench --config=configs/small.py --data_dir=data/demo --host_loop --steps=300
+
+--host_loop times the host instead: electra-pretrain's own loop (pretrain/loop.py's: the input stream placed on the
+devices ahead, metrics.jsonl and TensorBoard rows at its log steps, checkpoint polling, the guard, the progress bar;
+its evaluation and save at the end) in a scratch workdir, driving a step that costs nothing (the state and constant
+metrics of the step's shapes). host_step_time_s is the main thread's time from one dispatch to the next: the most
+steps/s the host lets through whatever the device; host_cpu_time_s the main thread's CPU time of it (the rest it
+waited: for the GIL, a core or its batch); input_wait_s its wait for batches (the prefetch not keeping up); and
+other_threads_cpu_s the CPU time of the process's other Python threads by kind: an upper bound on the time they held
+the GIL (a thread holds it only while it runs).
 """
 import collections
 import gc
@@ -38,7 +49,7 @@ PROFILE_STEPS = 3  # traced with --profile, after the timed window (tracing slow
 def define_flags():
   return [
       config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True),
-      flags.DEFINE_integer("steps", 10, "Timed steps."),
+      flags.DEFINE_integer("steps", 10, "Timed steps (dispatches: of train.steps_per_dispatch steps each)."),
       flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling."),
       flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets config.data.data_dir; "
                           "no TensorFlow needed); default: synthetic ids."),
@@ -47,7 +58,9 @@ def define_flags():
       flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
       flags.DEFINE_string("profile", None, f"Also trace {PROFILE_STEPS} steps after the timed window into this "
                           "directory (jax.profiler: TensorBoard's profile plugin or Perfetto read it; "
-                          "benchmarks/trace_top.py lists the ops that took longest).")]
+                          "benchmarks/trace_top.py lists the ops that took longest)."),
+      flags.DEFINE_bool("host_loop", False, "Time electra-pretrain's loop around a step that costs nothing instead: "
+                        "the host's work a step (needs prepared data; --steps timed after --warmup).")]
 
 
 def config_name() -> str:
@@ -115,8 +128,10 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   t0 = time.perf_counter()
   state = jax.block_until_ready(exp.sharded.init(rng))
   init_s = time.perf_counter() - t0  # compiling the initialisation, mostly: part of every fresh run's start-up
+  k = exp.steps_per_dispatch  # each call below runs k steps on k stacked batches
   host = host_batches(config, special, prepared)
-  batches = [{k: jax.device_put(v, exp.sharded.batch) for k, v in b.items()} for b in host]
+  stacks = [input_pipeline.stack([host[(i * k + j) % len(host)] for j in range(k)]) for i in range(len(host))]
+  batches = [input_pipeline.to_global(b, exp.step_batch) for b in (host if k == 1 else stacks)]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
   result = dict(init_s=init_s, compile_s=time.perf_counter() - t0, **memory_report(compiled),
@@ -135,24 +150,25 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   # by the training stream's own threads), as in training. Where these are slower than the window above, the host sets
   # the pace: the first difference is the step's dispatch and the fetches, the second placing the batches.
   stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
-  placed = input_pipeline.OnDevice(stream, exp.sharded.batch)
+  placed = input_pipeline.OnDevice(stream, exp.step_batch, steps=k)
   # Fills jit's own cache (the compilation cache loads it) and starts the stream; finished before a window opens,
   # which would otherwise hold one step more than it counts.
   state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))
   state, resident_seconds = _loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
   state, loop_seconds = _loop_window(exp.step, state, placed, rng, steps)
   placed.close()
-  result.update(loop_step_time_s=loop_seconds / steps,
-                loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps / loop_seconds,
-                loop_resident_step_time_s=resident_seconds / steps)
+  result.update(loop_step_time_s=loop_seconds / (steps * k),
+                loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps * k / loop_seconds,
+                loop_resident_step_time_s=resident_seconds / (steps * k))
   if profile:
     with jax.profiler.trace(profile, create_perfetto_trace=True):
       for i in range(PROFILE_STEPS):
         state, step_metrics = compiled(state, batches[i % len(batches)], rng)
       jax.block_until_ready((state, step_metrics))
     result["profile_steps"] = PROFILE_STEPS
-  return dict(result, step_time_s=seconds / steps, steps=steps, warmup=warmup, loss=float(step_metrics["loss"]),
-              **flops.throughput(exp.step_flops, config.train.batch_size * config.data.seq_len, steps, seconds))
+  return dict(result, step_time_s=seconds / (steps * k), steps=steps * k, steps_per_dispatch=k, warmup=warmup,
+              loss=float(np.reshape(step_metrics["loss"], -1)[-1]),
+              **flops.throughput(exp.step_flops, config.train.batch_size * config.data.seq_len, steps * k, seconds))
 
 
 def _loop_window(step, state, batches, rng, steps: int):
@@ -165,9 +181,9 @@ def _loop_window(step, state, batches, rng, steps: int):
     state, metrics = step(state, next(batches), rng)
     pending.append(metrics)
     if len(pending) > 2:
-      float(pending.popleft()["loss"])
+      np.asarray(pending.popleft()["loss"])
   for metrics in pending:
-    float(metrics["loss"])
+    np.asarray(metrics["loss"])
   seconds = time.perf_counter() - t0
   gc.unfreeze()
   gc.enable()
@@ -193,7 +209,73 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
               pipeline_tokens_per_sec=num_batches * config.train.batch_size * config.data.seq_len / seconds)
 
 
-def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
+def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
+  """electra-pretrain's loop (pretrain/loop.drive) in a scratch workdir for `warmup` + `steps` + 1 dispatches, around
+  a step that returns the state and constant metrics: the main thread's time and CPU time a step over `steps`
+  dispatches after `warmup`, its wait for input, and the other threads' CPU time (see the module's docstring)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from electra_jax import checkpoints, goodput, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
+  config = exp.config
+  config.unlock()
+  k = exp.steps_per_dispatch
+  config.train.num_steps = (warmup + steps + 1) * k  # the last dispatch's evaluation and save fall outside the window
+  rng = jax.random.key(config.train.seed)
+  state = exp.sharded.init(rng)
+  (_, _, (_, batch, _)), _ = experiment.compile_targets(exp)
+  _, shapes = jax.eval_shape(exp.step, state, batch, rng)
+  metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  free = dataclasses.replace(exp.sharded, batch=exp.step_batch).jit_step(
+      lambda state, batch, rng: (state.replace(step=state.step + k), metrics))
+  marks = []  # (wall, main thread's CPU, input wait so far, other threads' CPU by kind) at each dispatch
+
+  def step(state, batch, rng):
+    if len(marks) == 1:  # the window opens once the evaluation step has compiled (pretrain/loop.compile_ahead)
+      for thread in threading.enumerate():
+        if thread.name.startswith("compile-ahead"):
+          thread.join()
+    marks.append((time.perf_counter(), time.thread_time(), clock.seconds["input"],
+                  _threads_cpu() if len(marks) in (warmup, warmup + steps) else None))
+    return free(state, batch, rng)
+
+  clock = goodput.Clock()
+  with tempfile.TemporaryDirectory() as workdir, workdir_lib.Lock(workdir, "electra-bench") as lock:
+    ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
+    pretrain_loop.drive(exp, prepared, ckpt, lock, clock, state, None, rng, step_fn=step)
+  (t0, cpu0, input0, threads0), (t1, cpu1, input1, threads1) = marks[warmup], marks[warmup + steps]
+  # Each interval holds its dispatch's after_step: per step, a dispatch's time over its k steps.
+  intervals = np.diff([m[0] for m in marks[warmup:warmup + steps + 1]]) / k
+  logs = (np.arange(warmup + 1, warmup + steps + 1) * k % config.train.log_every) == 0
+  n = steps * k
+  return dict(host_steps=n, steps_per_dispatch=k, host_step_time_s=(t1 - t0) / n,
+              host_step_median_s=float(np.median(intervals[~logs])),
+              host_log_dispatch_time_s=float(intervals[logs].mean() * k) if logs.any() else None,
+              host_cpu_time_s=(cpu1 - cpu0) / n, input_wait_s=(input1 - input0) / n,
+              other_threads_cpu_s={name: (v - threads0.get(name, 0.0)) / n for name, v in threads1.items()},
+              log_every=config.train.log_every)
+
+
+def _threads_cpu() -> dict:
+  """CPU seconds of this process's Python threads but the calling one, summed by kind (their name's stem)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  seconds = collections.Counter()
+  for thread in threading.enumerate():
+    if thread is threading.current_thread() or thread.ident is None:
+      continue
+    try:
+      cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, ProcessLookupError):  # ended meanwhile
+      continue
+    seconds[thread.name.split("_")[0].rstrip("-0123456789") or thread.name] += cpu
+  return dict(seconds)
+
+
+def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile, host_loop):
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax import modeling, sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
@@ -219,6 +301,19 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile):
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=exp.step_flops, jax=jax.__version__)
 
+  if host_loop:
+    if prepared is None:
+      raise ValueError("--host_loop reads the prepared data: give --data_dir (or --pipeline with data.data_dir)")
+    result.update(time_host_loop(exp, prepared, steps, warmup))
+    print(f"{name}: the loop's host work at batch {batch_size} x {seq_len}, {result['steps_per_dispatch']} steps a "
+          "dispatch: "
+          f"{result['host_step_time_s'] * 1e3:.2f} ms a step (median {result['host_step_median_s'] * 1e3:.2f}, "
+          f"a log dispatch {(result['host_log_dispatch_time_s'] or 0) * 1e3:.1f}, "
+          f"CPU {result['host_cpu_time_s'] * 1e3:.2f}, waiting for input {result['input_wait_s'] * 1e3:.2f}); other "
+          "threads' CPU a step: " + ", ".join(f"{k} {v * 1e3:.2f} ms"
+                                              for k, v in result["other_threads_cpu_s"].items()))
+    print(json.dumps(result))
+    return
   result.update(time_steps(exp, config, special, prepared, steps, warmup, profile))
   stats = device.memory_stats() or {}
   if "peak_bytes_in_use" in stats:

@@ -408,7 +408,32 @@ def checksums(tree) -> dict:
   return dict(kind=CHECKSUM, arrays=dict(zip(names, map(int, jax.device_get(_sums(list(leaves)))))))
 
 
-@jax.jit
+class _Ahead:
+  """A jitted function of a list of arrays that can be compiled ahead for the lists' shapes and shardings (a run's
+  state: compile_checks), so that the first call with them does not compile on the spot."""
+
+  def __init__(self, fn):
+    self._jit, self._compiled = jax.jit(fn), {}
+
+  def compile(self, structs: list):
+    self._compiled[_key(structs)] = self._jit.lower(structs).compile()
+
+  def __call__(self, leaves: list):
+    return self._compiled.get(_key(leaves), self._jit)(leaves)
+
+
+def _key(leaves: list) -> tuple:
+  return tuple((x.shape, x.dtype, x.sharding) for x in leaves)
+
+
+def compile_checks(abstract_state):
+  """Compiles each save's checks of a state of `abstract_state`'s shapes and shardings (ShapeDtypeStructs):
+  checksums() and non_finite(), which would otherwise compile at the first save (seconds for a GPU)."""
+  _sums.compile([x for _, x in _named_leaves(abstract_state)])
+  _all_finite.compile([x for _, x in _named_leaves(abstract_state) if jnp.issubdtype(x.dtype, jnp.inexact)])
+
+
+@_Ahead
 def _sums(leaves):
   return [_sum32(x) for x in leaves]
 
@@ -433,7 +458,7 @@ def non_finite(tree) -> list[str]:
   return [name for (name, _), finite in zip(named, flags) if not finite]
 
 
-@jax.jit
+@_Ahead
 def _all_finite(leaves):
   return [jnp.isfinite(x).all() for x in leaves]
 

@@ -25,13 +25,19 @@ COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
-  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, and
-  train.spike_factor >= 0 (the loop's guard)."""
-  for key in (*counts, *COUNTS):
+  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor
+  >= 0 (the loop's guard), and, where the loop has train.steps_per_dispatch, the loop's cadences (its own `counts`,
+  log_every, checkpoint_every) are multiples of it: the loop logs, evaluates, saves and stops between dispatches."""
+  k = train.get("steps_per_dispatch", 1)
+  for key in (*counts, *COUNTS, *(("steps_per_dispatch",) if "steps_per_dispatch" in train else ())):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")
   if train.spike_factor < 0:
     raise ValueError(f"train.spike_factor={train.spike_factor} must be at least 0 (0: no spike check)")
+  for key in (*counts, "log_every", "checkpoint_every"):
+    if train[key] % k:
+      raise ValueError(f"train.{key}={train[key]} is not a multiple of train.steps_per_dispatch={k}: the run logs, "
+                       "evaluates, saves and stops only between dispatches")
 
 
 def model_config(size: str) -> ml_collections.ConfigDict:
@@ -126,6 +132,10 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # loss spike, a sign of weights diverging (0: never); stop_on_spike also stops the run there.
       spike_factor=10.0,
       stop_on_spike=False,
+      # Steps a dispatch: k > 1 runs k steps in one jitted call (a lax.scan over k batches), the same steps as k calls,
+      # at a k-th of the host's work (docs/pretraining_features.md). num_steps, log_every, eval_every and
+      # checkpoint_every must be multiples of it; a run resumes from a checkpoint at a multiple of it.
+      steps_per_dispatch=1,
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(

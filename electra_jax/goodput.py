@@ -70,26 +70,26 @@ def report(workdir: str, split: dict, desc: str):
 
 class Profile:
   """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
-  <log_dir>/plugins/profile/)."""
+  <log_dir>/plugins/profile/); with several steps a dispatch, of the dispatches that end in that range, whole."""
 
   def __init__(self, log_dir: str, start: int, count: int):
     self.log_dir, self.start, self.end = log_dir, start, start + count - 1
-    self.active = False
+    self.active = self.traced = False
 
   @contextlib.contextmanager
   def step(self, step: int, state: Callable[[], Any]):
-    """Times step `step` in the trace (starting it at `start`), so the profile plugin's overview gives step times; at
-    `end`, waits for `state()` (the state the step made) before the trace stops, so that it holds the steps' device
-    work, not just their dispatch."""
-    if step == self.start and self.end >= self.start:
+    """Times the dispatch that ends at step `step` in the trace (starting it at `start` or the first after), so the
+    profile plugin's overview gives step times; at `end` or the first after, waits for `state()` (the state the step
+    made) before the trace stops, so that it holds the steps' device work, not just their dispatch."""
+    if not self.traced and self.start <= step and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
-      self.active = True
+      self.active = self.traced = True
     if not self.active:
       yield
       return
     with jax.profiler.StepTraceAnnotation("train", step_num=step):
       yield
-    if step == self.end:
+    if step >= self.end:
       jax.block_until_ready(state())
       self.stop()
       logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)

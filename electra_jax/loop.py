@@ -4,13 +4,13 @@ resources. A loop brings what is its own as a `Body`: its batches, what it does 
 checkpoints carry."""
 import collections
 import gc
-import math
 import statistics
 import os
 import sys
 from typing import Callable, Protocol, Sequence
 
 import jax
+import numpy as np
 from absl import logging
 
 from electra_jax import checkpoints, goodput, peers, preemption
@@ -84,24 +84,42 @@ class Guard:
 
 
 class InFlight:
-  """The steps whose metrics are still on the device. Fetching each step's at once would stall the device: the host
-  reads a step's metrics two steps late, so that the next steps are queued while it waits (multi-process CPU needs
-  the sync at some depth)."""
+  """The dispatches whose metrics are still on the device. Fetching each one's at once would stall the device: the
+  host reads a dispatch's metrics two dispatches late, so that the next ones are queued while it waits (multi-process
+  CPU needs the sync at some depth). A dispatch of k steps (train.steps_per_dispatch) returns each metric stacked, a
+  value per step: the guard sees every step."""
 
   def __init__(self, guard: Guard):
     self._guard = guard
-    self._pending = []  # (step, its metrics on the device)
+    self._pending = []  # (last step, steps, its metrics on the device, whether its step logs)
 
-  def push(self, step: int, step_metrics: dict, fetch_all: bool) -> list[float]:
-    """Adds a step; fetches the pending steps but the newest (all of them if `fetch_all`: before the state is
-    logged, evaluated or saved), has the guard check them, returns the losses of those applied."""
-    self._pending.append((step, step_metrics))
+  def push(self, step: int, steps: int, step_metrics: dict, log: bool, fetch_all: bool
+           ) -> list[tuple[int, list[float], dict | None]]:
+    """Adds a dispatch of `steps` steps ending at `step` (`log`: its row is written once fetched); fetches the
+    pending dispatches but the newest two (all of them if `fetch_all`: before the state is evaluated or saved), has
+    the guard check every step. Returns, in step order, (step, the losses of the steps applied up to it since the
+    previous entry, the last step's metrics as floats where it logs, else None): an entry for each fetched log step
+    and one for the rest."""
+    self._pending.append((step, steps, step_metrics, log))
     keep = 0 if fetch_all else 2
     done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
-    values = jax.device_get([(m["loss"], m["grad_norm"], m["skipped"]) for _, m in done])
-    for (s, _), (loss, grad_norm, skipped) in zip(done, values):
-      self._guard.check(s, float(loss), float(grad_norm), bool(skipped))
-    return [float(loss) for loss, _, skipped in values if not skipped]
+    values = jax.device_get([m if log else {k: m[k] for k in GUARDED} for _, _, m, log in done])
+    out, losses = [], []
+    for (last, steps, _, log), fetched in zip(done, values):
+      fetched = {k: np.reshape(v, (steps,)) for k, v in fetched.items()}
+      for i, (loss, grad_norm, skipped) in enumerate(zip(*(fetched[k] for k in GUARDED))):
+        self._guard.check(last - steps + 1 + i, float(loss), float(grad_norm), bool(skipped))
+        if not skipped:
+          losses.append(float(loss))
+      if log:
+        out.append((last, losses, {k: float(v[-1]) for k, v in fetched.items()}))
+        losses = []
+    if not out or out[-1][0] != step:
+      out.append((step, losses, None))
+    return out
+
+
+GUARDED = ("loss", "grad_norm", "skipped")  # what the guard reads of every step
 
 
 class Body(Protocol):
@@ -110,11 +128,14 @@ class Body(Protocol):
   def batch(self, step: int) -> dict[str, jax.Array]:
     """The global batch of step `step` (1-based)."""
 
-  def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
-                 eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
-    """Logs (to `writer`, the run's) and evaluates as the step asks (`losses`: those of the steps fetched since the
-    last call and applied, every one finite; all of them up to `step` when it logs or evaluates); returns the
-    progress bar's postfix, if any."""
+  def after_step(self, step: int, state: TrainState | None, step_metrics: dict | None, losses: list[float],
+                 log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
+    """Logs (to `writer`, the run's) and evaluates as the step asks. `losses`: those of the steps fetched since the
+    last call and applied, every one finite; all of them up to `step` when it logs or evaluates. `step_metrics`: the
+    step's metrics as floats where it logs or evaluates, else None. A log step's call comes once its metrics are
+    fetched, a dispatch or two later (so that logging never drains the device's queue): `state` is then None, the
+    state having moved on; an evaluation's comes at once, with its state. Returns the progress bar's postfix, if
+    any."""
 
   def extra(self) -> dict:
     """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
@@ -124,47 +145,55 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
         writer: metrics_lib.Writer, clock: goodput.Clock, closers: Sequence[Callable[[], object]],
         done: Callable[[], bool] = lambda: False, profile_steps: int = 0, peer_timeout_s: float = 0,
-        max_bad_steps: int = 1, spike_factor: float = 0.0, stop_on_spike: bool = False) -> tuple[TrainState, bool]:
+        max_bad_steps: int = 1, spike_factor: float = 0.0, stop_on_spike: bool = False,
+        steps_per_dispatch: int = 1) -> tuple[TrainState, bool]:
   """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss, grad_norm and skipped)`, as
-  state.apply_gradients) to `num_steps`: logging every `log_every` steps, evaluating every `eval_every`, both at the
-  end; saving (never over another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and
-  when SIGTERM/SIGINT stops the run. Stops in one line after `max_bad_steps` steps not applied in a row or before
-  saving a state that is not finite, and warns of (or, with `stop_on_spike`, stops at) a loss above `spike_factor`
-  times its recent median (Guard). Ends early (saved, as at num_steps) once `done()` says so after a step, and takes
-  no step when it says so at the start. Times each phase on `clock` (goodput.py) and writes the split to `writer` at the
-  end; traces `profile_steps` steps after the first (compiling) one into the workdir's tensorboard/ for TensorBoard's
-  profile plugin. With several processes, ends this one in one line once another has given no sign of life for
-  `peer_timeout_s` (peers.py; 0: never). Closes the bar, `closers`, the checkpointer and the writer however it ends.
-  Returns (state, whether a signal stopped it)."""
+  state.apply_gradients; with `steps_per_dispatch` k > 1, k steps a call on k stacked batches, metrics stacked) to
+  `num_steps`: logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never over
+  another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when SIGTERM/SIGINT stops
+  the run (all of them, the start and num_steps multiples of k: config.check_counts). Stops in one line after
+  `max_bad_steps` steps not applied in a row or before saving a state that is not finite, and warns of (or, with
+  `stop_on_spike`, stops at) a loss above `spike_factor` times its recent median (Guard). Ends early (saved, as at
+  num_steps) once `done()` says so after a step, and takes no step when it says so at the start. Times each phase on
+  `clock` (goodput.py) and writes the split to `writer` at the end; traces `profile_steps` steps after the first
+  (compiling) dispatch into the workdir's tensorboard/ for TensorBoard's profile plugin. With several processes, ends
+  this one in one line once another has given no sign of life for `peer_timeout_s` (peers.py; 0: never). Closes the
+  bar, `closers`, the checkpointer and the writer however it ends. Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
   guard = Guard(ckpt, max_bad_steps, spike_factor, stop_on_spike)
   in_flight = InFlight(guard)
-  first = int(state.step) + 1
+  k = steps_per_dispatch
+  first = int(state.step) + k  # the first dispatch's last step
   profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
+  logs = lambda step: step % log_every == 0 or step == num_steps
+  evals = lambda step: step % eval_every == 0 or step == num_steps
 
   clock.started(resumed=ckpt.restored_step is not None)
   watchdog = peers.Watchdog(peer_timeout_s, lock.record["command"], ckpt.newest_complete,
                             on_lost=lambda: close_all((bar.close, lock.__exit__)))
   with watchdog, preemption.Watcher() as watcher:
     try:
-      for step in range(first, num_steps + 1) if not done() else ():
+      for step in range(first, num_steps + 1, k) if not done() else ():
         with clock.phase("input"):
           batch = body.batch(step)
         with clock.phase("compile" if step == first else "step"), profile.step(step, lambda: state):
           state, step_metrics = step_fn(state, batch, rng)
-          bar.update()
+          bar.update(k)
           stop = watcher.reached(step)
-          log_now = step % log_every == 0 or step == num_steps
-          eval_now = step % eval_every == 0 or step == num_steps
+          eval_now = evals(step)
           save_now = stop or step == num_steps or ckpt.should_save(step)
-          losses = in_flight.push(step, step_metrics, fetch_all=log_now or eval_now or save_now)
-          collect(step == first, log_now)
+          # Only an evaluation or a save needs the state of this step checked now: a log row waits for its metrics.
+          fetched = in_flight.push(step, k, step_metrics, log=logs(step) or eval_now, fetch_all=eval_now or save_now)
+          collect(step == first, logs(step))
         with clock.phase("eval"):
-          postfix = body.after_step(step, state, step_metrics, losses, log_now, eval_now, writer)
-        if postfix:
-          bar.set_postfix(postfix)
+          for at, losses, at_metrics in fetched:
+            now = at == step
+            postfix = body.after_step(at, state if now else None, at_metrics, losses,
+                                      logs(at) and at_metrics is not None, eval_now and now, writer)
+            if postfix:
+              bar.set_postfix(postfix)
         finished = done()
         if save_now or finished:
           with clock.phase("checkpoint"):

@@ -27,8 +27,8 @@ from electra_jax import storage
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
                   "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
-                  "mesh.", "model.remat",
-                  "train.grad_accum_steps", "data.data_dir", "data.num_workers", "overwrite")
+                  "mesh.", "model.remat", "train.grad_accum_steps", "train.steps_per_dispatch",
+                  "data.data_dir", "data.num_workers", "overwrite")
 
 
 PLAN_FILE = "plan.json"  # what a run's plan.py decided at its entrance

@@ -48,6 +48,15 @@ def _optimiser_step(state: TrainState, grad, *, tx, flat: bool):
   return state, metrics | update_metrics
 
 
+def scanned(step: Callable, k: int) -> Callable:
+  """`k` steps of `step` (state, batch, rng) -> (state, metrics) as one: a lax.scan over k batches stacked on a leading
+  axis, each step's metrics stacked. The same steps as k calls (the step folds the state's step number into the rng),
+  in one dispatch: the host's work a call is shared by k steps."""
+  def steps(state, batches, rng):
+    return jax.lax.scan(lambda state, batch: step(state, batch, rng), state, batches, length=k)
+  return steps
+
+
 def eval_step(params, batch, rng, *, model, objective, special, word_starts=None):
   """The loss and metrics on held-out data, dropout off, with a fixed rng so every evaluation masks alike."""
   loss, metrics = objectives.compute_loss(model, params, batch, rng, objective, special, word_starts,
@@ -63,9 +72,11 @@ class Experiment:
   special: SpecialIds
   schedule: optax.Schedule
   sharded: sharding.Sharded
-  step: Callable  # (state, batch, rng) -> (state, metrics)
+  step: Callable  # (state, batch, rng) -> (state, metrics); k steps on k stacked batches (steps_per_dispatch)
   eval: Callable  # (params, batch, rng) -> metrics
   step_flops: float  # the train step's model FLOPs (flops.py)
+  steps_per_dispatch: int = 1  # k: `step` takes k batches stacked on a leading axis, laid out as `step_batch`
+  step_batch: jax.sharding.NamedSharding | None = None  # the layout of `step`'s batch argument
 
 
 def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None,
@@ -93,10 +104,18 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
                                                config.data.seq_len), tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
   kw = dict(model=model, objective=config.objective, special=special, word_starts=words)
-  step = sharded.jit_step(functools.partial(train_step, update=update, accum_steps=accum_steps,
-                                            nan_at_step=config.train.debug_nan_at_step, **kw))
+  step = functools.partial(train_step, update=update, accum_steps=accum_steps,
+                           nan_at_step=config.train.debug_nan_at_step, **kw)
+  k = config.train.get("steps_per_dispatch", 1)  # .get: config.json of workdirs from before the key was added
+  stepping = sharded if k == 1 else dataclasses.replace(sharded, batch=stacked(sharded.batch))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
-  return Experiment(config, model, special, schedule, sharded, step, evaluate_batch, step_flops)
+  return Experiment(config, model, special, schedule, sharded, stepping.jit_step(step if k == 1 else scanned(step, k)),
+                    evaluate_batch, step_flops, k, stepping.batch)
+
+
+def stacked(batch: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:
+  """The layout of batches stacked on a new leading axis, each split as `batch` splits one."""
+  return jax.sharding.NamedSharding(batch.mesh, jax.sharding.PartitionSpec(None, *batch.spec))
 
 
 def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
@@ -105,16 +124,20 @@ def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
   state = exp.sharded.abstract()
   batch = aot.int_batch(exp.sharded.batch, exp.config.train.batch_size, exp.config.data.seq_len)
   rng = aot.key_struct(exp.sharded.replicated)
-  return [("train step", exp.step, (state, batch, rng)), ("eval step", exp.eval, (state.params, batch, rng))]
+  k = exp.steps_per_dispatch
+  batches = batch if k == 1 else jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=exp.step_batch), batch)
+  return [("train step", exp.step, (state, batches, rng)), ("eval step", exp.eval, (state.params, batch, rng))]
 
 
-def evaluate(exp: Experiment, params, batches) -> dict:
+def evaluate(exp: Experiment, params, batches, step: Callable | None = None) -> dict:
   """Metrics over `batches`, summed on device and fetched once: means, the discriminator's precision and recall on
-  replaced tokens, and its ROC AUC (replaced vs original over every non-pad token)."""
+  replaced tokens, and its ROC AUC (replaced vs original over every non-pad token). `step`: exp.eval, or that step
+  compiled ahead for these shapes."""
   rng = jax.random.key(exp.config.train.seed + 1)
   totals, n = None, 0
   for batch in batches:
-    out = exp.eval(params, batch, rng)
+    out = (step or exp.eval)(params, batch, rng)
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     n += 1
   if not n:

@@ -1,10 +1,14 @@
 """The pre-training loop's own part: restore or init as the run's plan says (the input position included), batches
 from the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
 steps, checkpoints and preemption."""
+import concurrent.futures
+import os
 import time
+from typing import Callable
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
 from electra_jax import checkpoints, flops, goodput, weights
@@ -26,26 +30,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def train(plan: plan_lib.Plan) -> TrainState:
   """Pre-trains as `plan` says. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError after
-  train.max_bad_steps non-finite steps in a row (none applied, nor saved; loop.Guard). Bad input raises ValueError/OSError before anything is written. Holds the
-  workdir's lock (workdir.Lock) throughout: a second writer there is refused."""
+  train.max_bad_steps non-finite steps in a row (none applied, nor saved; loop.Guard). Bad input raises
+  ValueError/OSError before anything is written. Holds the workdir's lock (workdir.Lock) throughout: a second writer
+  there is refused."""
   clock = goodput.Clock()
-  config, workdir, train_config = plan.config, plan.workdir, plan.config.train
-  with workdir_lib.Lock(workdir, "electra-pretrain") as lock:
-    exp = experiment.create(config, plan.data.special_ids, word_starts=plan.data.word_starts)
-    ckpt = checkpoints.Checkpointer(workdir, config, plan.data.tokenizer_path)
+  with workdir_lib.Lock(plan.workdir, "electra-pretrain") as lock:
+    exp = experiment.create(plan.config, plan.data.special_ids, word_starts=plan.data.word_starts)
+    ckpt = checkpoints.Checkpointer(plan.workdir, plan.config, plan.data.tokenizer_path)
     state, position, rng = restore_or_init(exp, ckpt, plan.start)
-    train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(config, plan.data, state=position),
-                                         exp.sharded.batch)
-    # Every check passed: only now is anything written.
-    plan.write()
-    writer = metrics_lib.Writer(workdir, int(state.step))
-    body = PreTraining(exp, plan.data, train_iter, int(state.step))
-    state, _ = loop_lib.run(body, state, exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
-                            log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
-                            writer=writer, clock=clock, closers=(train_iter.close,),
-                            profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s,
-                            max_bad_steps=train_config.max_bad_steps, spike_factor=train_config.spike_factor,
-                            stop_on_spike=train_config.stop_on_spike)
+    if int(state.step) % exp.steps_per_dispatch:
+      raise ValueError(f"the run starts from step {int(state.step)}, not a multiple of train.steps_per_dispatch="
+                       f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
+                       f"{int(state.step)}")
+    return drive(exp, plan.data, ckpt, lock, clock, state, position, rng, checked=plan.write)
+
+
+def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, ckpt: checkpoints.Checkpointer,
+          lock: workdir_lib.Lock, clock: goodput.Clock, state: TrainState, position: dict | None, rng: jax.Array,
+          checked: Callable[[], object] = lambda: None, step_fn: Callable | None = None) -> TrainState:
+  """Pre-training's loop from `state` (the input at `position`): the input stream, metrics, evaluation and
+  checkpoints around `step_fn` (exp.step; electra-bench --host_loop gives one that costs nothing, to time the rest).
+  `checked()` runs once the input's first batch was read: the last check before anything is written."""
+  train_config = exp.config.train
+  train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(exp.config, prepared, state=position),
+                                       exp.step_batch, steps=exp.steps_per_dispatch)
+  checked()  # Every check passed: only now is anything written.
+  writer = metrics_lib.Writer(os.path.dirname(ckpt.directory), int(state.step))
+  body = PreTraining(exp, prepared, train_iter, int(state.step))
+  state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
+                          log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
+                          writer=writer, clock=clock, closers=(train_iter.close,),
+                          profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s,
+                          max_bad_steps=train_config.max_bad_steps, spike_factor=train_config.spike_factor,
+                          stop_on_spike=train_config.stop_on_spike, steps_per_dispatch=exp.steps_per_dispatch)
   return state
 
 
@@ -61,27 +78,33 @@ class PreTraining:
     self.t0 = self.last_time = time.time()
     self.last_step = start
     self.held_out = None  # the validation split's reader, from the first evaluation on
+    self.learning_rate = host_function(exp.schedule)
+    # The evaluation step, and the checks of each save (checkpoints.compile_checks), compiled now beside the first
+    # train step rather than at the first evaluation and save.
+    pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
+    self.ahead = pool.submit(compile_ahead, exp)
+    pool.shutdown(wait=False)
 
   def batch(self, step: int) -> dict[str, jax.Array]:
     del step  # the iterator is at it
     return next(self.train_iter)
 
-  def after_step(self, step: int, state: TrainState, step_metrics: dict, losses: list[float], log_now: bool,
-                 eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
+  def after_step(self, step: int, state: TrainState | None, step_metrics: dict | None, losses: list[float],
+                 log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
     del losses  # a row reports its own step's metrics
     if not (log_now or eval_now):
       return None
-    scalars = {k: v for k, v in jax.device_get(step_metrics).items() if not k.startswith("disc_") or
-               k in ("disc_loss", "disc_accuracy")}
+    scalars = {k: v for k, v in step_metrics.items()
+               if not k.startswith("disc_") or k in ("disc_loss", "disc_accuracy")}
     now = time.time()
     scalars.update(flops.throughput(self.exp.step_flops, self.tokens_per_step, step - self.last_step,
                                     now - self.last_time))
-    scalars.update(learning_rate=self.exp.schedule(step - 1), elapsed_s=now - self.t0)
+    scalars.update(learning_rate=self.learning_rate(step - 1), elapsed_s=now - self.t0)
     if eval_now:
       self.held_out = self.held_out or input_pipeline.Reader(self.prepared.dataset_dir, "validation")
       held_out = (input_pipeline.to_global(b, self.exp.sharded.batch)
                   for b in input_pipeline.validation_batches(self.exp.config, self.prepared, reader=self.held_out))
-      scalars.update(experiment.evaluate(self.exp, state.params, held_out))
+      scalars.update(experiment.evaluate(self.exp, state.params, held_out, self.ahead.result()))
     writer.write(step, {k: scalars.get(k) for k in metrics_lib.TRAIN_FIELDS} | scalars)
     self.last_step, self.last_time = step, time.time()
     return dict(loss=f"{scalars['loss']:.3f}", tok_s=f"{scalars['tokens_per_sec']:.0f}")
@@ -89,6 +112,29 @@ class PreTraining:
   def extra(self) -> dict:
     """The input position, in global batches of train.batch_size."""
     return dict(position=self.train_iter.get_state(), batch_size=self.exp.config.train.batch_size)
+
+
+def compile_ahead(exp: experiment.Experiment):
+  """The evaluation step compiled for the experiment's shapes (experiment.compile_targets), and checkpoints'
+  checks of its state: what the first evaluation and save would otherwise compile on the spot (from the compilation
+  cache when it holds them)."""
+  checkpoints.compile_checks(exp.sharded.abstract())
+  (_, step, args), = [t for t in experiment.compile_targets(exp) if t[0] == "eval step"]
+  return step.lower(*args).compile()
+
+
+def host_function(fn: Callable) -> Callable[[int], float]:
+  """`fn` (of a step number: a learning-rate schedule's jnp ops) compiled now for this host's CPU, returning a float:
+  a log step's call runs one small program there, instead of eager ops that each dispatch (and, on an accelerator,
+  would wait behind the steps queued on it)."""
+  try:
+    device = jax.local_devices(backend="cpu")[0]
+  except RuntimeError:  # JAX_PLATFORMS without cpu
+    device = jax.local_devices()[0]
+  jitted = jax.jit(fn)
+  call = lambda step: float(jitted(jax.device_put(np.int32(step), device)))
+  call(0)
+  return call
 
 
 def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
