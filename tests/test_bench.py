@@ -22,12 +22,11 @@ REQUIRED = ("tokens_per_sec", "step_time_s", "tflops_per_device", "mfu", "device
             "compile_s", "peak_memory_bytes", "jax", "attention_impl")
 
 
-def bench_output(*args) -> str:
-  """electra-bench's stdout on one layer of configs/tiny.py, on one device at XLA's fastest-compiling level (this is
-  about the harness, not the speed)."""
+def bench_output(*args, shape=("--config.model.num_layers=1", "--config.data.seq_len=32")) -> str:
+  """electra-bench's stdout on configs/tiny.py (`shape`: one layer, 32 tokens), on one device at XLA's
+  fastest-compiling level (this is about the harness, not the speed)."""
   env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=pretrain_cli.xla_flags(0))
-  out = subprocess.run([sys.executable, "-m", "electra_jax.bench", "--config=configs/tiny.py",
-                        "--config.model.num_layers=1", "--config.data.seq_len=32", *args],
+  out = subprocess.run([sys.executable, "-m", "electra_jax.bench", "--config=configs/tiny.py", *shape, *args],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
@@ -64,6 +63,20 @@ def test_bench_reports_fused_attention():
   result = json.loads(lines[-1])
   assert result["attention_impl"] == "fused" and result["attention_kernel"] == "xla"  # cuDNN only on NVIDIA GPUs
   assert " fused attention (xla) on " in lines[-2]
+
+
+@pytest.mark.slow
+def test_bench_host_loop_reports_the_hosts_work(tiny_data):
+  """--host_loop: electra-pretrain's loop around a step that costs nothing, two steps a dispatch."""
+  config, _ = tiny_data
+  cadence = [f"--config.train.{key}=2" for key in ("steps_per_dispatch", "log_every", "eval_every", "checkpoint_every")]
+  lines = bench_output("--host_loop", f"--data_dir={config.data.data_dir}", "--steps=4", "--warmup=1", *cadence,
+                       shape=()).strip().splitlines()
+  result = json.loads(lines[-1])
+  assert (result["host_steps"], result["steps_per_dispatch"], result["log_every"]) == (8, 2, 2)
+  assert result["host_step_time_s"] >= result["host_cpu_time_s"] > 0 and result["host_log_dispatch_time_s"] > 0
+  assert result["input_wait_s"] >= 0 and "on-device" in result["other_threads_cpu_s"]
+  assert lines[-2].startswith("tiny: the loop's host work at batch 16 x 64, 2 steps a dispatch: ")
 
 
 def test_bench_imports_without_tensorflow():
