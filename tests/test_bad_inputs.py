@@ -349,11 +349,11 @@ CLI_CASES = {
                                    r"train.batch_size=16 is not divisible by the 32 data-parallel devices"),
 }
 COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench", "compile")
-OWN_FLAGS = {"prepare": ["config", "beam_pipeline_options"], "pretrain": ["config", "workdir", "allow_config_change"],
+OWN_FLAGS = {"prepare": ["config", "beam_pipeline_options", "repair"], "pretrain": ["config", "workdir", "allow_config_change"],
              "export": ["workdir", "output", "step", "overwrite"],
              "finetune": ["config", "workdir", "seeds", "learning_rates"],
              "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "profile"],
-             "compile": ["config", "tpu", "num_slices", "encoder"]}
+             "compile": ["config", "tpu", "gpu", "num_slices", "encoder"]}
 
 
 def _command(name, *flags, script=False, wrapper=()) -> subprocess.CompletedProcess:

@@ -173,14 +173,21 @@ def test_lock_refuses_a_second_writer_and_takes_over_a_gone_one(store, monkeypat
       time.sleep(0.05)
     lock.check()
     # A holder whose lock was taken over (after STALE_S without its heartbeat: stalled, cut off) learns so before it
-    # saves again, and leaves the taker's lock in place.
+    # saves again, and leaves the taker's lock in place. A takeover follows STALE_S of silence, so no rewrite is under
+    # way when it lands: the heartbeat is stilled first (a rewrite caught between its check and its rename would
+    # overwrite the planted lock).
+    monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 1000)
+    beats = [store.read()["beat"]]
+    while len(beats) < 2 or beats[-1] != beats[-2]:  # the rewrite under way, if any, has landed
+      time.sleep(0.5)
+      beats.append(store.read()["beat"])
     store.plant(token="taker")
     with pytest.raises(OSError, match=rf"the lock on workdir {workdir} was taken over \(now held by electra-pretrain "
                        r"\(pid 1 on host elsewhere"):
       lock.check()
   assert store.read()["token"] == "taker"
-  # So does one whose rewrites have not landed for nearly STALE_S (a watcher elsewhere may be about to take it).
-  monkeypatch.setattr(workdir_lib, "HEARTBEAT_S", 1000)  # no rewrite comes while it is looked at
+  # So does one whose rewrites have not landed for nearly STALE_S (a watcher elsewhere may be about to take it); no
+  # rewrite comes while it is looked at (HEARTBEAT_S as above).
   with workdir_lib.Lock(workdir + "-2", "electra-pretrain") as lock:
     lock._written -= workdir_lib.STALE_S  # pylint: disable=protected-access
     with pytest.raises(OSError, match=r"was taken over \(it could not be rewritten for \d+ s\)"):
