@@ -219,12 +219,14 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from electra_jax import checkpoints, goodput, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   config = exp.config
   config.unlock()
   k = exp.steps_per_dispatch
   config.train.num_steps = (warmup + steps + 1) * k  # the last dispatch's evaluation and save fall outside the window
+  config_lib.check_counts(config.train, "num_steps", "eval_every")  # as electra-pretrain's plan checks them
   rng = jax.random.key(config.train.seed)
   state = exp.sharded.init(rng)
   (_, _, (_, batch, _)), _ = experiment.compile_targets(exp)

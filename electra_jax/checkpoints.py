@@ -423,7 +423,7 @@ class _Ahead:
 
 
 def _key(leaves: list) -> tuple:
-  return tuple((x.shape, x.dtype, x.sharding) for x in leaves)
+  return tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves)  # numpy arrays too (weights.py)
 
 
 def compile_checks(abstract_state):
