@@ -170,7 +170,9 @@ def test_kills_and_sigterm_resume_exactly(tiny_data, env, straight, tmp_path):
   out = cli.run(env, config, workdir, *RUN)
   assert out.returncode == 0, out.stderr[-3000:]
   reference = straight()
-  assert cli.checkpoint_dirs(workdir) == cli.checkpoint_dirs(reference) == ["4", "6", "8"]
+  assert cli.checkpoint_dirs(reference) == ["4", "6", "8"]
+  # the newest three of every 2 steps' and the SIGTERM's (a log row comes two steps late: the stop may be past 4)
+  assert cli.checkpoint_dirs(workdir) == sorted({"2", "4", "6", "8", str(stopped)}, key=int)[-3:]
   _assert_same_params(_params(reference), _params(workdir))
   assert [r["step"] for r in _metrics(workdir)] == list(range(1, N + 1))
   assert _metrics(workdir) == _metrics(reference)
