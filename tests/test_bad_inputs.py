@@ -352,7 +352,7 @@ COMMANDS = ("prepare", "pretrain", "export", "finetune", "bench", "compile")
 OWN_FLAGS = {"prepare": ["config", "beam_pipeline_options", "repair"], "pretrain": ["config", "workdir", "allow_config_change"],
              "export": ["workdir", "output", "step", "overwrite"],
              "finetune": ["config", "workdir", "seeds", "learning_rates"],
-             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "profile"],
+             "bench": ["config", "steps", "warmup", "data_dir", "pipeline", "pipeline_batches", "profile", "host_loop"],
              "compile": ["config", "tpu", "gpu", "num_slices", "encoder"]}
 
 
