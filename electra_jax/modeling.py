@@ -185,9 +185,13 @@ def _layer_norm_bwd(eps, residuals, grad):
   # d/dx of (x - mean) · rstd: g's part minus its mean and its projection on x_hat, times rstd.
   rstd = jax.lax.rsqrt(jnp.maximum(mean_square - mean * mean, 0) + eps)
   dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
-  # Both parameters' gradients as one (variadic) reduction: XLA:GPU launches separate sums separately.
-  dscale, dbias = jax.lax.reduce((grad * x_hat, grad), (jnp.float32(0), jnp.float32(0)),
-                                 lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(x.ndim - 1)))
+  axes = tuple(range(x.ndim - 1))
+  # Both parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
+  # sums separately; XLA:CPU runs it several times slower than the two sums within a step, so the CPU sums.
+  dscale, dbias = jax.lax.platform_dependent(
+      grad * x_hat, grad, cpu=lambda a, b: (a.sum(axes), b.sum(axes)),
+      default=lambda a, b: jax.lax.reduce((a, b), (jnp.float32(0), jnp.float32(0)),
+                                          lambda u, v: (u[0] + v[0], u[1] + v[1]), axes))
   return dx.astype(x.dtype), dscale, dbias
 
 
