@@ -374,9 +374,11 @@ class EncoderLayer(nn.Module):
   encoder: EncoderConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, keep: Optional[jax.Array] = None):
-    """`keep`: the keep-masks [2, batch, length, hidden] of the layer's two dropout sites; None: no dropout."""
+  def __call__(self, x, mask, deterministic: bool, dropout_key: Optional[jax.Array] = None):
+    """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once: on a GPU
+    each draw also launches kernels for its key and counters."""
     c, e = self.config, self.encoder
+    keep = None if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate)
     drop = lambda h, i: h if keep is None else _kept(h, keep[i], c.dropout_rate)
     h = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
     x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, 0))
@@ -397,25 +399,24 @@ class Encoder(nn.Module):
     x = embedded
     if c.embedding_size != e.hidden_size:
       x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
-    # Every layer's dropout keep-masks in one draw: on a GPU each draw launches kernels for its key and counters
-    # besides the one that makes its masks.
-    keep = None
+    # The layers' dropout keys split from one (one kernel on a GPU, where each layer's fold-in was two).
+    keys = None
     if not deterministic and c.dropout_rate > 0.0:
-      keep = _keep_mask(self.make_rng("dropout"), (e.num_layers, 2) + x.shape, c.dropout_rate)
+      keys = jax.random.split(self.make_rng("dropout"), e.num_layers)
     if c.scan_layers and not self.is_initializing():
       return _scan_layers(c, e, self.variables["params"], x, mask, deterministic,
-                          None if deterministic else self.make_rng("dropout"), keep)
+                          None if deterministic else self.make_rng("dropout"), keys)
     layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
     for i in range(e.num_layers):
-      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic, None if keep is None else keep[i])
+      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic, None if keys is None else keys[i])
     return x
 
 
-def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, keep):
+def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, dropout_keys):
   """The layers as one lax.scan over their parameters stacked inside the step: XLA compiles one layer instead of
   num_layers copies, while the parameters (checkpoints, exports) keep their per-layer names layer_0, layer_1, ...
-  Each layer takes its slice of `keep` (the encoder's dropout masks); its attention-dropout key is split from the
-  encoder's, so that stream differs from the unrolled layers'."""
+  Each layer draws its dropout masks from its key of `dropout_keys`, as the unrolled layers do; its attention-dropout
+  key is split from the encoder's, so that stream differs from the unrolled layers'."""
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
   keys = None if rng is None else jax.random.split(rng, e.num_layers)
   layer = EncoderLayer(c, e)
@@ -425,7 +426,7 @@ def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministi
     return layer.apply({"params": p}, h, mask, deterministic, k,
                        rngs={} if key is None else {"dropout": key}), None
 
-  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys, keep))
+  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys, dropout_keys))
   return x
 
 

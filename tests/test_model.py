@@ -273,7 +273,8 @@ def test_scanned_layers_are_the_unrolled_layers():
   train = lambda model, key: jax.jit(lambda: model.apply(
       {"params": params}, ids, seg, deterministic=False, rngs={"dropout": key}, method=modeling.Electra.encode))()
   assert not np.allclose(train(scanned, jax.random.key(1)), train(scanned, jax.random.key(2)))
-  # Each layer's dropout masks are its slice of the encoder's one draw, scanned or not (attention dropout aside).
+  # Each layer draws its dropout masks from its key split from the encoder's, scanned or not (attention dropout
+  # aside).
   unrolled, scanned = (modeling.Electra(dataclasses.replace(m.config, attention_dropout_rate=0.0))
                        for m in (unrolled, scanned))
   np.testing.assert_allclose(train(unrolled, jax.random.key(1)), train(scanned, jax.random.key(1)), rtol=1e-5)
