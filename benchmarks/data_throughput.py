@@ -34,7 +34,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import demo, small  # pylint: disable=g-import-not-at-top,wrong-import-position
-from electra_jax.data import build  # pylint: disable=g-import-not-at-top,wrong-import-position
+from electra_jax import prepare  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import prepared as prepared_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from electra_jax.data import records as records_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -174,7 +174,7 @@ def _rate(reader, batch_size: int, batches: int) -> float:
 def _prepare(config, data_dir):
   config.data.data_dir = data_dir
   start = time.time()
-  prepared = build.build(config)
+  prepared = prepare.build(config)
   return prepared, time.time() - start
 
 
@@ -184,7 +184,7 @@ def _prepare_once(spec: str):
   config = demo.get_config()
   config.data.update(spec["data"])
   start = time.time()
-  data = build.build(config, spec["beam"])
+  data = prepare.build(config, spec["beam"])
   elapsed = time.time() - start
   print(json.dumps({"seconds": elapsed, "tokens": sum(s["tokens"] for s in data.stats.values()),
                     "launcher_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

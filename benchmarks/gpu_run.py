@@ -78,7 +78,8 @@ out = dict(python=sys.version.split()[0], jax=jax.__version__, backend=jax.defau
            devices=[d.device_kind for d in jax.devices()], xla_flags=os.environ.get("XLA_FLAGS", ""),
            missing=[m for m in {MODULES!r} if importlib.util.find_spec(m) is None],
            tensorflow_installed=importlib.util.find_spec("tensorflow") is not None)
-for module in ("electra_jax.pretrain.loop", "electra_jax.data.input_pipeline", "electra_jax.weights", "torch", "transformers"):
+for module in ("electra_jax.pretrain.loop", "electra_jax.data.input_pipeline", "electra_jax.run.weights", "torch",
+               "transformers"):
   try:
     importlib.import_module(module)
   except Exception as e:  # what the steps would fail on, named once here

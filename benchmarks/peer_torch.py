@@ -4,7 +4,7 @@
 
 Generator ElectraForMaskedLM and discriminator ElectraForPreTraining sharing one embedding block (word, position,
 token type, LayerNorm: ELECTRA's "shared" mode; the generator's output layer is tied to the word table), sized like
-electra_jax.modeling.ModelConfig.from_config; ELECTRA masking (15% of non-special tokens, 85% of them [MASK]), Gumbel
+model/modeling.py ModelConfig.from_config; ELECTRA masking (15% of non-special tokens, 85% of them [MASK]), Gumbel
 sampling, λ = disc_weight, AdamW with weight decay masked off LayerNorm and biases, global-norm clipping, dropout on.
 HF's generator head runs at every position (as ElectraForMaskedLM does); --gather_head runs it at the masked
 positions only, as ours does. Synthetic batches come from electra_jax.bench. It runs on the GPU when torch sees one
@@ -21,8 +21,8 @@ import transformers
 from absl import app, flags
 
 from electra_jax import bench
-from electra_jax import masking, modeling
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import masking, modeling
 
 FLAGS = flags.FLAGS
 bench.define_flags()  # the peer takes electra-bench's command line

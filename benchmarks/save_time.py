@@ -29,8 +29,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Orbax's INFO lines, one per file
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_DEVICES.value}"
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS)
-  from electra_jax import checkpoints  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import checkpoints  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   config.mesh.update(data=1, fsdp=-1)
   config.train.keep_checkpoints = 2

@@ -34,9 +34,10 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from electra_jax import flops, losses, masking, modeling, objectives, optim, sampling, sharding, topology
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import flops, losses, masking, modeling, objectives, sampling
+from electra_jax.parallel import optim, sharding, topology
 from electra_jax.pretrain import experiment
-from electra_jax.special_ids import SpecialIds
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A pre-training config file.", lock_config=True)

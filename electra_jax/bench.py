@@ -15,7 +15,7 @@ host costs; loop_resident_step_time_s is the same loop on the device-resident ba
 the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile,
 mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter arrays,
 instructions, fusions, kernels by kind: on a GPU each kernel is a launch), as electra-compile --gpu counts them from a
-CPU. FLOPs, TFLOP/s and MFU come from electra_jax.flops.
+CPU. FLOPs, TFLOP/s and MFU come from electra_jax.model.flops.
 The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...).
 
   electra-bench --config=configs/small.py --data_dir=data/demo --host_loop --steps=300
@@ -100,7 +100,7 @@ def kernel_counts(compiled, state) -> dict:
   aot.kernel_counts (the entry computation's instructions and fusions, the module's reduces, the kernels by kind: on
   an accelerator where each kernel costs a launch, fewer is faster), as electra-compile counts them from a CPU."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import aot  # pylint: disable=g-import-not-at-top
+  from electra_jax.parallel import aot  # pylint: disable=g-import-not-at-top
   return dict(param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
 
 
@@ -122,8 +122,8 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   block_until_ready at the end of the window (dispatch runs ahead of the device, as in training); then, with
   `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import flops  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   t0 = time.perf_counter()
   state = jax.block_until_ready(exp.sharded.init(rng))
@@ -173,7 +173,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
 
 def _loop_window(step, state, batches, rng, steps: int):
   """(state, seconds) of `steps` calls of the jitted `step` on `batches` as the training loop makes them."""
-  from electra_jax import loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import loop  # pylint: disable=g-import-not-at-top
   pending = collections.deque()
   loop.collect(started=True, scheduled=False)
   t0 = time.perf_counter()
@@ -193,8 +193,8 @@ def _loop_window(step, state, batches, rng, steps: int):
 def time_pipeline(config, prepared, num_batches: int) -> dict:
   """Batches/s of the input pipeline alone, host batch to global device arrays, after a few warm-up batches."""
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from electra_jax.parallel import sharding  # pylint: disable=g-import-not-at-top
   target = sharding.batch_sharding(sharding.create_mesh(**config.mesh))
   it = input_pipeline.train_iterator(config, prepared)
   for _ in range(3):
@@ -218,10 +218,11 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
   import threading  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from electra_jax import checkpoints, goodput, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import checkpoints, goodput  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = exp.config
   config.unlock()
   k = exp.steps_per_dispatch
@@ -279,11 +280,12 @@ def _threads_cpu() -> dict:
 
 def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile, host_loop):
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import modeling, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.data.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import modeling  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
-  from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import startup  # pylint: disable=g-import-not-at-top
 
-  sharding.initialize_runtime()
+  startup.initialize()
   name = config_name()
   if data_dir:
     config.data.data_dir = data_dir

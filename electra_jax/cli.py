@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from absl import app, flags, logging
 import ml_collections
 
-from electra_jax import console, outage, packages, storage
+from electra_jax.runtime import console, outage, packages, storage
 
 USER_ERRORS = (ValueError, OSError, FloatingPointError, packages.MissingPackage)
 HELP = ("-h", "-help", "--help", "-helpshort", "--helpshort", "-?")

@@ -12,7 +12,7 @@ steps), jitted over the devices' mesh as the config's mesh.* lays it out, and co
 the `tpu` extra) or its GPU compiler (the CUDA plugin: the `gpu-compile` extra; cuDNN's wheel too for fused attention)
 from shapes alone: nothing is materialised, read or run. The table gives, per device: the memory plan (arguments,
 temporaries, generated code) against the device's HBM (on a GPU, the share JAX's allocator takes); the step's FLOPs as
-XLA counts them beside electra_jax.flops' model count; the TPU cost model's step time with the tokens/s and MFU it
+XLA counts them beside electra_jax.model.flops' model count; the TPU cost model's step time with the tokens/s and MFU it
 implies, and the time to train.num_steps: estimates, not measurements (XLA:GPU has no cost model without a device).
 A second table counts each step's kernels by kind (aot.kernel_counts: gemms, cuDNN calls, XLA's fusions, random
 numbers, collectives), each a launch on a GPU; electra-bench counts the same on a real device (on a GPU the compiler
@@ -27,7 +27,9 @@ import time
 from absl import flags
 from ml_collections import config_flags
 
-from electra_jax import cli, packages, topology
+from electra_jax import cli
+from electra_jax.parallel import topology
+from electra_jax.runtime import packages
 
 ENCODERS = ("small", "base", "large")
 BERT_VOCAB = 30522  # the paper's vocabulary (BERT's uncased WordPiece), for fine-tuning configs with no tokenizer
@@ -49,9 +51,11 @@ def define_flags():
 
 def _finetune_targets(ft, encoder, devices):
   """(targets, model FLOPs per train step, tokens per step, what the encoder is) of a fine-tuning config."""
-  from electra_jax import config as config_lib, flops, modeling, weights  # pylint: disable=g-import-not-at-top
-  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.finetune import experiment, heads  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import flops, modeling
+  from electra_jax.run import weights
   if ft.init_from:
     source = weights.load(ft.init_from, with_params=False).config
     what = ft.init_from
@@ -77,8 +81,8 @@ def _finetune_targets(ft, encoder, devices):
 
 def _pretrain_targets(config, devices):
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from electra_jax.data.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
-  from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   # Whole-word masking compiles the same program whichever pieces start words.
   word_starts = np.ones(config.data.vocab_size, bool) if config.objective.whole_word_masking else None
   exp = experiment.create(config, SpecialIds(), devices=devices, word_starts=word_starts)
@@ -163,7 +167,8 @@ def _print_table(rows, cols):
 
 def main(config, tpu, gpu, num_slices, encoder):
   import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax import aot, flops, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax.parallel import aot, sharding
   if bool(tpu) == bool(gpu):
     raise ValueError("give one target: --tpu=TYPE (a Cloud TPU slice) or --gpu=GPU[:COUNT] (NVIDIA GPUs)")
   if gpu and num_slices != 1:

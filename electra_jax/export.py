@@ -35,8 +35,8 @@ def define_flags():
 
 def main(workdir, output, step, overwrite):
   # pylint: disable=g-import-not-at-top  (only now: bad flags are refused without them)
-  from electra_jax import weights
-  from electra_jax import workdir as workdir_lib
+  from electra_jax.run import weights
+  from electra_jax.run import workdir as workdir_lib
   workdir_lib.check_writable(output, "--output")  # a directory, or one that can be made: not a file, nor under one
   weights.export_hf(workdir, output, step, overwrite)
   logging.info("Exported %s to %s", workdir, output)

@@ -170,7 +170,8 @@ def pretraining_run(workdir: str) -> dict | None:
   rows = [r for r in map(json.loads, path.read_text().splitlines()) if "eval_disc_auc" in r] if path.exists() else []
   if not rows:
     return None
-  from electra_jax import flops, workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import workdir as workdir_lib
   last = dict(rows[-1], rows=rows)
   if pathlib.Path(workdir, "config.json").exists():
     last["flops"] = flops.step_flops(workdir_lib.load_config(workdir)) * last["step"]
@@ -243,12 +244,12 @@ def pretraining_section(pretraining: dict, figure: pathlib.Path) -> list[str]:
 
 
 def main(argv):
-  from electra_jax import console, sharding  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import console, startup
   console.start()
-  sharding.initialize_runtime()  # the compilation cache: every run after a task's first loads its steps
+  startup.initialize()  # the compilation cache: every run after a task's first loads its steps
   del argv
-  from electra_jax import weights  # pylint: disable=g-import-not-at-top
   from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import weights  # pylint: disable=g-import-not-at-top
   seeds, budgets = list(map(int, _SEEDS.value)), list(map(int, _LABELS.value))
   unknown = [t for t in _TASKS.value if t not in TASKS and t not in OTHER_TASKS]
   if unknown:

@@ -44,8 +44,8 @@ def step_time(config, workdir: str, remeasure: bool = False):
   if not remeasure:
     return None
   from electra_jax import bench  # pylint: disable=g-import-not-at-top
+  from electra_jax.data.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
-  from electra_jax.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   exp = experiment.create(config, SpecialIds())
   seconds = statistics.median(bench.time_steps(exp, config, SpecialIds(), steps=10)["step_time_s"] for _ in range(3))
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,13 +105,13 @@ def report(study, results: dict, figure: pathlib.Path) -> str:
 
 
 def main(argv):
-  from electra_jax import console  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import console  # pylint: disable=g-import-not-at-top
   console.start()
   del argv
   study = _CONFIG.value
-  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
-  sharding.initialize_runtime()
+  from electra_jax.runtime import startup
+  startup.initialize()
   results = {}
   for name in study.recipes.split(","):
     if name not in pretrain_study.RECIPES:

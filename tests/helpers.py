@@ -16,10 +16,10 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from electra_jax import checkpoints
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax import workdir as workdir_lib
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.pretrain import experiment
+from electra_jax.run import checkpoints
+from electra_jax.run import workdir as workdir_lib
 
 
 @functools.cache

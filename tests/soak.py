@@ -55,8 +55,9 @@ def main():
   args = parser.parse_args()
 
   from configs import tiny  # pylint: disable=g-import-not-at-top
-  from electra_jax import sharding, weights  # pylint: disable=g-import-not-at-top
-  sharding.initialize_runtime()
+  from electra_jax.run import weights
+  from electra_jax.runtime import startup
+  startup.initialize()
   config = tiny.get_config()
   config.data.data_dir = os.path.join(args.workdir, "data")
   os.makedirs(args.workdir, exist_ok=True)

@@ -17,11 +17,12 @@ import threading
 
 import pytest
 
-from electra_jax import finetune, sources
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.data import build, prepared
+from electra_jax import finetune, prepare
+from electra_jax.data import prepared
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.hf import directory as hf_directory
 from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import sources
 from tests import pretrain_cli as cli
 from tests.helpers import sotu_lines
 from tests.test_checkpoints import _wait
@@ -65,13 +66,13 @@ class _Setting(dict):
     (self["base"] / "few.txt").write_text("One short line of text here.\nAnother short line.\n\nA second document.\n")
     few.data.update(text_files=str(self["base"] / "few.txt"), tokenizer=prepared.tokenizer_path(self.config),
                     data_dir=str(self["base"] / "few"), max_documents=0)
-    build.build(few)
+    prepare.build(few)
     return few.data
 
   def _vocab1000(self):
     small_vocab = copy.deepcopy(self.config)
     small_vocab.data.update(vocab_size=1000, data_dir=str(self["base"] / "vocab1000"))
-    build.build(small_vocab)
+    prepare.build(small_vocab)
     return small_vocab.data.data_dir
 
 
@@ -434,7 +435,7 @@ def _read_where(where, config, path, tmp_path):
     config.train.init_from = str(tmp_path / "source")
     config.data.data_dir = str(tmp_path / "run")
     assert sources.tokenizer(config.train.init_from) == path
-    build.build(config)
+    prepare.build(config)
   elif where == "finetune":
     ft = finetune.base_config()
     ft.tokenizer = path
@@ -473,7 +474,7 @@ def test_a_corpus_of_only_overlong_lines_says_so(tiny_data, tmp_path):
   with pytest.raises(ValueError, match=r"^every line of the corpus \(.*long.txt\) is longer than SentencePiece's limit "
                      r"of 4192 bytes per sentence \(max_sentence_length\), so none is left to train a tokenizer on: "
                      r"break the text into shorter lines"):
-    build.build(config)
+    prepare.build(config)
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])
@@ -487,7 +488,7 @@ def test_a_corpus_file_in_utf16_is_named_as_such(tiny_data, tmp_path, encoding):
   problem = (r"is UTF-16 \(it begins with a UTF-16 byte-order mark\), not UTF-8: convert it first, e.g. iconv"
              if encoding == "utf-16" else r"holds NUL bytes \(line 1\): it is not UTF-8 text")
   with pytest.raises(ValueError, match=f"^corpus file {path} {problem}"):
-    build.build(config)
+    prepare.build(config)
   assert not (tmp_path / "data").exists()
 
 
@@ -503,5 +504,5 @@ def test_a_bad_path_for_electra_prepare_is_named_with_what_is_wrong(tiny_data, t
   config.data.update({"data_dir": str(tmp_path / "data"), key: value})
   with pytest.raises(OSError if key != "text_files" else ValueError,
                      match="^" + re.escape(message.format(value=value, tmp=tmp_path))):
-    build.build(config)
+    prepare.build(config)
   assert sorted(os.listdir(tmp_path)) == ["a_dir", "a_file"]

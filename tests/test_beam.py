@@ -15,10 +15,11 @@ import pytest
 import tensorflow_datasets as tfds
 from etils import epath
 
-from electra_jax import packages, storage
+from electra_jax import prepare
+from electra_jax.data import input_pipeline, packing, prepared
 from electra_jax.data import beam as beam_lib
-from electra_jax.data import build, input_pipeline, packing, prepared
 from electra_jax.data import corpus as corpus_lib
+from electra_jax.runtime import packages, storage
 from tests import helpers
 from tests import pretrain_cli as cli
 from tests.conftest import GCS_BUCKET as BUCKET
@@ -55,7 +56,7 @@ def _with_tokenizer(config, data_dir, tokenizer_path, **data):
 
 def test_beam_equals_single_host(tiny_data, tmp_path):
   config, single = tiny_data
-  beam = build.build(_with_tokenizer(config, tmp_path, single.tokenizer_path), TWO_WORKERS)
+  beam = prepare.build(_with_tokenizer(config, tmp_path, single.tokenizer_path), TWO_WORKERS)
   _same_dataset(single, beam)
   assert os.path.basename(beam.dataset_dir) == os.path.basename(single.dataset_dir)
 
@@ -129,7 +130,7 @@ def test_tfds_text_dataset_and_a_retried_bundle(tiny_data, tmp_path, monkeypatch
   for name, options in (("beam", "runner=BundleBasedDirectRunner"), ("single", "")):
     c = _with_tokenizer(config, tmp_path / name, single.tokenizer_path,  # data_dir: the text's and the examples'
                         tfds_name=_Text.name, max_documents=0, num_workers=1)
-    data.append(build.build(c, options))
+    data.append(prepare.build(c, options))
   assert failures == [7]
   assert data[0].stats["train"]["documents"] + data[0].stats["validation"]["documents"] == 12
   _same_dataset(*data)
@@ -180,7 +181,7 @@ def test_gcs_in_and_out_in_two_shards(gcs_bucket, tiny_data, tmp_path, monkeypat
   assert len(shards) == 4 and all(not f.endswith(".json") for f in shards), sizes
   assert {f: r["bytes"] for f, r in prepared.metadata(beam.dataset_dir)["files"].items()} == shards
   config.data.update(data_dir=str(tmp_path / "single"), text_files=str(tmp_path / "text" / "*.txt"))
-  single = build.build(config)
+  single = prepare.build(config)
   assert single.stats["train"]["documents"] + single.stats["validation"]["documents"] == 30
   for split in ("train", "validation"):
     reader = input_pipeline.Reader(beam.dataset_dir, split)
@@ -203,7 +204,7 @@ def test_bad_options(tiny_data, tmp_path, options, message):
   config = copy.deepcopy(tiny_data[0])
   config.data.data_dir = str(tmp_path)
   with pytest.raises(ValueError, match=message):
-    build.build(config, options)
+    prepare.build(config, options)
   assert not os.listdir(tmp_path)  # refused before a tokenizer was trained or anything written
 
 
@@ -221,14 +222,14 @@ def test_no_apache_beam_names_the_extra(tiny_data, tmp_path, monkeypatch):
   find_spec = packages.importlib.util.find_spec
   monkeypatch.setattr(packages.importlib.util, "find_spec", lambda m, *a: None if m == "apache_beam" else find_spec(m, *a))
   with pytest.raises(packages.MissingPackage, match=r"apache-beam, which is not installed: install the 'beam' extra"):
-    build.build(config, TWO_WORKERS)
+    prepare.build(config, TWO_WORKERS)
 
 
 def test_a_glob_matching_nothing(tiny_data, tmp_path):
   config = copy.deepcopy(tiny_data[0])
   config.data.update(data_dir=str(tmp_path), text_files=f"{tmp_path}/nothing/*.txt")
   with pytest.raises(ValueError, match=f"data.text_files: no file matches {tmp_path}/nothing/"):
-    build.build(config, TWO_WORKERS)
+    prepare.build(config, TWO_WORKERS)
 
 
 def test_bad_data_in_a_worker(tiny_data, tmp_path):
@@ -239,7 +240,7 @@ def test_bad_data_in_a_worker(tiny_data, tmp_path):
   config = _with_tokenizer(tiny_data[0], tmp_path / "data", tiny_data[1].tokenizer_path,
                            text_files=str(tmp_path / "text" / "*.txt"))
   with pytest.raises(ValueError, match=f"^empty file \\(no text\\): {tmp_path}/text/b.txt$"):
-    build.build(config, TWO_WORKERS)
+    prepare.build(config, TWO_WORKERS)
   assert not os.path.exists(os.path.dirname(prepared.dataset_dir(config)))
 
 

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, weights
-from electra_jax import workdir as workdir_lib
 from electra_jax.pretrain import experiment
+from electra_jax.run import checkpoints, weights
+from electra_jax.run import workdir as workdir_lib
 from tests import pretrain_cli as cli
 
 pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses

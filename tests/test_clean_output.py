@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from electra_jax import console
+from electra_jax.runtime import console
 from tests import pretrain_cli
 
 ROOT = pathlib.Path(pretrain_cli.ROOT)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from electra_jax import aot, topology
+from electra_jax.parallel import aot, topology
 from tests import helpers
 
 ROOT = helpers.ROOT

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from tensorflow_datasets.proto import tf_example_generated_pb2
 
-from electra_jax import check as check_command
 from electra_jax import prepare
-from electra_jax.data import build, check, input_pipeline, integrity, records
+from electra_jax import check as check_command
+from electra_jax.data import check, input_pipeline, integrity, records
 from tests import helpers, pretrain_cli
 
 
@@ -83,9 +83,9 @@ def test_prepare_rebuilds_a_damaged_dataset_bit_for_bit(tiny_data, tmp_path, dam
   damage(shard)
   caplog.set_level(logging.INFO, logger="absl")
   if damage is _overwrite:
-    build.build(config)
+    prepare.build(config)
     assert "Already prepared" in caplog.text and "--repair reads every byte" in caplog.text
-  build.build(config, repair=damage is _overwrite)
+  prepare.build(config, repair=damage is _overwrite)
   assert f"shard {shard.name} of the prepared dataset {shard.parent} is damaged" in caplog.text
   assert "bit-identical" in caplog.text
   assert {f.name: f.read_bytes() for f in shard.parent.iterdir()} == files
@@ -133,7 +133,7 @@ def test_pretraining_on_a_damaged_shard_ends_in_one_line_and_writes_nothing(tiny
 def test_a_damaged_copy_of_a_gcs_shard_is_never_read(tiny_data, gcs_bucket, tmp_path, monkeypatch):
   """A gs:// shard whose bytes differ from those recorded is refused as it is fetched, before it reaches the host's
   local copy; a local copy damaged after the fetch is deleted when read, and the next reader fetches it again."""
-  from electra_jax import storage  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import storage  # pylint: disable=g-import-not-at-top
   host, bucket = gcs_bucket
   dataset = tiny_data[1].dataset_dir
   (shard,) = (f for f in os.listdir(dataset) if "-train.array_record-" in f)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from electra_jax.data import build
-from electra_jax.data import prepared as prepared_lib
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.data import corpus as corpus_lib
+from electra_jax import prepare
 from electra_jax.data import packing
+from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import prepared as prepared_lib
+from electra_jax.data import tokenizer as tokenizer_lib
 
 
 def _examples(prepared, split):
@@ -145,7 +145,7 @@ def test_rerun_is_a_no_op(tiny_data):
   config, prepared = tiny_data
   files = {f: os.stat(os.path.join(prepared.dataset_dir, f)).st_mtime_ns for f in os.listdir(prepared.dataset_dir)}
   start = time.time()
-  again = build.build(config)
+  again = prepare.build(config)
   assert time.time() - start < 5
   assert again == prepared
   assert {f: os.stat(os.path.join(prepared.dataset_dir, f)).st_mtime_ns
@@ -168,7 +168,7 @@ def test_invalid_utf8_is_replaced_and_counted(tiny_data, tmp_path):
   good = "The Congress met in December.\nIt was cold.\n\nA second document starts here. It is short.\n"
   (tmp_path / "a.txt").write_bytes(good.encode() * 20 + b"Bad bytes \xff\xfe here and \xc3 there.\n")
   config = _files_config(tiny_data, tmp_path, text_files=str(tmp_path / "*.txt"), validation_fraction=0.1)
-  prepared = build.build(config)
+  prepared = prepare.build(config)
   assert sum(s["replaced_bytes"] for s in prepared.stats.values()) == 3
   assert sum(s["documents"] for s in prepared.stats.values()) == 21
 
@@ -184,26 +184,26 @@ def test_bad_text_files(tiny_data, tmp_path, name, make, message):
   make(tmp_path)
   config = _files_config(tiny_data, tmp_path, text_files=str(tmp_path / "*.txt"))
   with pytest.raises(corpus_lib.DataError, match=message):
-    build.build(config)
+    prepare.build(config)
   assert not [f for f in _written(tmp_path) if "electra_pretraining" in f]  # nothing half-written
 
 
 def test_missing_file(tiny_data, tmp_path):
   config = _files_config(tiny_data, tmp_path, text_files=str(tmp_path / "nope.txt"))
   with pytest.raises(corpus_lib.DataError, match="no such file: .*nope.txt"):
-    build.build(config)
+    prepare.build(config)
 
 
 def test_unknown_tfds_name(tiny_data, tmp_path):
   config = _files_config(tiny_data, tmp_path, tfds_name="no_such_dataset_xyz")
   with pytest.raises(corpus_lib.DataError, match="unknown TFDS dataset 'no_such_dataset_xyz'"):
-    build.build(config)
+    prepare.build(config)
 
 
 def test_tokenizer_vocab_mismatch(tiny_data, tmp_path):
   config = _files_config(tiny_data, tmp_path, vocab_size=3000, max_documents=2)
   with pytest.raises(ValueError, match="2000 tokens but data.vocab_size is 3000"):
-    build.build(config)
+    prepare.build(config)
   assert not _written(tmp_path)
 
 

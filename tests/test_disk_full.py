@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from electra_jax import weights
+from electra_jax.run import weights
 from tests import helpers, pretrain_cli
 
 pytestmark = pytest.mark.slow

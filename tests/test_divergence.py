@@ -5,17 +5,16 @@ whose weights are not finite is refused by export and init_from, and passed over
 import copy
 import json
 import logging
-import math
 import re
 
 import jax
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, sources, weights
-from electra_jax import workdir as workdir_lib
 from electra_jax.pretrain import experiment
 from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import checkpoints, sources, weights
+from electra_jax.run import workdir as workdir_lib
 from tests import helpers
 
 

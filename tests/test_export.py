@@ -9,12 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import export, modeling, weights
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax import workdir as workdir_lib
+from electra_jax import export
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.hf import directory as hf_directory
 from electra_jax.hf import tokenizer as hf_tokenizer
-from electra_jax.pretrain import experiment, loop as pretrain_loop
+from electra_jax.model import modeling
+from electra_jax.pretrain import experiment
+from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import weights
+from electra_jax.run import workdir as workdir_lib
 from tests import helpers
 
 # The numeric reference: `make test` installs it, so a missing one must fail, not skip.

@@ -18,11 +18,14 @@ import pytest
 from configs import base as base_preset
 from configs import small_plus as small_plus_preset
 from electra_jax import config as config_lib
-from electra_jax import modeling, objectives, optim, weights
+from electra_jax.finetune import experiment
 from electra_jax.finetune import config as finetune_config
-from electra_jax.finetune import experiment, model as model_lib
+from electra_jax.finetune import model as model_lib
 from electra_jax.hf import tokenizer as hf_tokenizer
+from electra_jax.model import modeling, objectives
+from electra_jax.parallel import optim
 from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import weights
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -359,8 +362,9 @@ def test_packing_is_the_official_example_builder(tiny_data):
   examples, the 50% rule for the sentence that crosses A's target, the trimming. The one difference, deliberate:
   each document draws its first target (the official builder carries it over from the previous document), so that
   documents pack independently of each other and of the worker count."""
-  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  from electra_jax.data import corpus as corpus_lib, packing  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import packing  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   seq_len, seed = 64, 3
   tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
   lines = [s for s in helpers.sotu_sentences()[:1500] if len(tok.encode_batch([s])[0]) <= seq_len - 2]
@@ -382,7 +386,7 @@ def test_packing_is_the_official_example_builder(tiny_data):
 def test_losses_average_over_the_batchs_tokens():
   """As run_pretraining.py: D's loss is sum(loss · weight) / (1e-6 + sum(weight)) over every non-pad token of the
   batch (not a mean of per-row means), G's over every masked position of the batch."""
-  from electra_jax import losses  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import losses  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   logits, labels = rng.normal(size=(2, 6)), rng.random((2, 6)) < 0.3
   weights = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], np.float32)  # rows of 6 and 2 tokens

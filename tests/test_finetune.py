@@ -13,10 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import finetune, modeling, sources
-from electra_jax.finetune import experiment, model as model_lib, tasks
-from electra_jax import workdir as workdir_lib
+from electra_jax import finetune
+from electra_jax.finetune import experiment, tasks
+from electra_jax.finetune import model as model_lib
 from electra_jax.hf import directory as hf_directory
+from electra_jax.model import modeling
+from electra_jax.run import sources
+from electra_jax.run import workdir as workdir_lib
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +118,7 @@ def _assert_hf_parity(workdir, c, names):
   the logits (the score, for regression) written to predictions_eval.jsonl, one row per eval example."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
   model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
       str(workdir / "best"), output_loading_info=True)
@@ -204,7 +207,7 @@ def test_metrics_against_hand_computed_values():
 
 
 def test_pair_encoding_truncates_the_longer_text(tiny_data):
-  from electra_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   tok = tokenizer_lib.Tokenizer(tiny_data[1].tokenizer_path)
   a, b = "the " * 30, "a b"
   ids, seg = tasks.encode_texts(tok, [a], [b], 16)

@@ -7,8 +7,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from electra_jax import accumulate, config as config_lib, modeling, sharding, state as state_lib
-from electra_jax.finetune import experiment, heads, model as model_lib, token_tasks
+from electra_jax import config as config_lib
+from electra_jax.finetune import experiment, heads, token_tasks
+from electra_jax.finetune import model as model_lib
+from electra_jax.model import modeling
+from electra_jax.parallel import accumulate, sharding
+from electra_jax.parallel import state as state_lib
 
 
 def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):

@@ -3,8 +3,10 @@ selection on a dev fold carved from the training rows (never on the eval split).
 import numpy as np
 import pytest
 
-from electra_jax import finetune, modeling
-from electra_jax.finetune import model as model_lib, plan as plan_lib
+from electra_jax import finetune
+from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import plan as plan_lib
+from electra_jax.model import modeling
 from tests import helpers
 
 

@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 
 from configs.finetune import classify
-from electra_jax import checkpoints, finetune, modeling
-from electra_jax.finetune import experiment, loop, model as model_lib, plan as plan_lib, protocol
+from electra_jax import finetune
+from electra_jax.finetune import experiment, loop, protocol
+from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import plan as plan_lib
+from electra_jax.model import modeling
+from electra_jax.run import checkpoints
 from tests import helpers
 
 # A small eval split and dev fold (~210 rows each: one eval batch) where a test checks what the recipe does with its

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from configs.finetune import ner as ner_config, qa as qa_config
-from electra_jax import checkpoints, finetune
-from electra_jax import tokenizer as tokenizer_lib
+from electra_jax import finetune
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import experiment, qa, token_tasks
+from electra_jax.run import checkpoints
 from tests import helpers, pretrain_cli
 
 # A tiny encoder from random init under the default recipe (the rate for its width, layer-wise decay for its depth,

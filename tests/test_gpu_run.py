@@ -202,7 +202,7 @@ def test_pretraining_is_time_boxed_and_evaluated(dry_run):
 @pytest.mark.slow
 def test_export_loads_and_both_inits_are_fine_tuned(dry_run):
   out, results = dry_run
-  from electra_jax import weights  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import weights  # pylint: disable=g-import-not-at-top
   config, params, _ = weights.load(str(out / "export"))
   assert config.model.num_layers == tiny.get_config().model.num_layers and params
   ft = results["steps"]["finetune"]["figures"]["results"]

@@ -11,8 +11,9 @@ import threading
 import numpy as np
 import pytest
 
-from electra_jax import storage
-from electra_jax.data import build, input_pipeline, pretraining
+from electra_jax import prepare
+from electra_jax.data import input_pipeline, pretraining
+from electra_jax.runtime import storage
 
 SHARDS = 4
 
@@ -60,7 +61,7 @@ def sharded(tiny_data, tmp_path_factory):
   config = tiny_data[0].copy_and_resolve_references()
   config.data.update(data_dir=str(tmp_path_factory.mktemp("sharded")), tokenizer=tiny_data[1].tokenizer_path,
                      num_shards=SHARDS)
-  return config, build.build(config)
+  return config, prepare.build(config)
 
 
 def test_default_shard_count_is_a_power_of_two_of_shards_of_16_mib_or_more(tiny_data, tmp_path, monkeypatch):
@@ -75,12 +76,12 @@ def test_default_shard_count_is_a_power_of_two_of_shards_of_16_mib_or_more(tiny_
   monkeypatch.setattr(pretraining, "MIN_SHARD_BYTES", 1 << 17)
   config = tiny_data[0].copy_and_resolve_references()
   config.data.update(data_dir=str(tmp_path), tokenizer=tiny_data[1].tokenizer_path)
-  train = input_pipeline.Reader(build.build(config).dataset_dir)
+  train = input_pipeline.Reader(prepare.build(config).dataset_dir)
   assert len(train.shard_lengths) == len(input_pipeline.lanes(train.shard_lengths, config.train.batch_size)) == 4
   # Prepared again with the count a pod's warning names: rebuilt, with another metadata.json (the hosts' copies' key).
   meta = pathlib.Path(train.dataset_dir, "metadata.json").read_text()
   config.data.num_shards = 8
-  assert len(input_pipeline.Reader(build.build(config).dataset_dir).shard_lengths) == 8
+  assert len(input_pipeline.Reader(prepare.build(config).dataset_dir).shard_lengths) == 8
   assert pathlib.Path(train.dataset_dir, "metadata.json").read_text() != meta
 
 

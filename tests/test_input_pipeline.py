@@ -104,10 +104,10 @@ def test_to_global_lays_the_batch_over_the_devices(tiny_data):
 def test_reader_maps_indices_across_shards(tiny_data, tmp_path):
   """Split indices over several ArrayRecord files read the records TFDS's own data source reads."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from electra_jax.data import build  # pylint: disable=g-import-not-at-top
+  from electra_jax import prepare  # pylint: disable=g-import-not-at-top
   config = tiny_data[0].copy_and_resolve_references()
   config.data.update(data_dir=str(tmp_path), tokenizer=tiny_data[1].tokenizer_path, num_shards=3)
-  prepared = build.build(config)
+  prepared = prepare.build(config)
   reader = input_pipeline.Reader(prepared.dataset_dir)
   assert len(reader._shards) == 3  # pylint: disable=protected-access
   source = tfds.builder_from_directory(prepared.dataset_dir).as_data_source(split="train").data_source

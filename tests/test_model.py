@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, objectives
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import modeling, objectives
 from electra_jax.pretrain import experiment
-from electra_jax.special_ids import SpecialIds
 
 
 def _init(config, objective="electra"):

@@ -14,8 +14,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs.finetune import sentiment as finetune_sentiment
-from electra_jax import finetune, storage, weights
+from electra_jax import finetune
 from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import weights
+from electra_jax.runtime import storage
 from tests import helpers, pretrain_cli
 
 # The two-process runs are the commands as subprocesses; the one-process run each is compared with runs in this

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from electra_jax import flops, losses, masking, objectives, sampling
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import flops, losses, masking, objectives, sampling
 
 SPECIAL = SpecialIds()
 VOCAB = 1000
@@ -200,7 +200,8 @@ def test_uniform_replacement_trains_discriminator_alone():
   """The objective added as one registry entry: no generator parameters; D's labels mark exactly the tokens that
   changed, ~mask_prob of the maskable ones (a uniform draw rarely equals the original or a special id)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from electra_jax import config as config_lib, modeling  # pylint: disable=g-import-not-at-top
+  from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.model import modeling
   c = config_lib.base("tiny")
   c.data.update(vocab_size=VOCAB, seq_len=128)
   c.objective.name = "uniform_replacement"

@@ -9,8 +9,9 @@ import sys
 import jax
 import pytest
 
-from electra_jax import flops, metrics, sources
 from electra_jax.data import prepared
+from electra_jax.model import flops
+from electra_jax.run import metrics, sources
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

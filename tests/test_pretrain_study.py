@@ -8,7 +8,8 @@ from sklearn import metrics
 from studies import pretrain_study as study_lib
 from configs.studies import pretrain_study
 from electra_jax.data import input_pipeline
-from electra_jax.pretrain import experiment, loop as pretrain_loop
+from electra_jax.pretrain import experiment
+from electra_jax.pretrain import loop as pretrain_loop
 
 
 def test_a_recipe_is_the_baseline_plus_its_overrides():

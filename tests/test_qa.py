@@ -7,9 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax import modeling
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.finetune import model as model_lib, qa, tasks
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.finetune import qa, tasks
+from electra_jax.finetune import model as model_lib
+from electra_jax.model import modeling
 from tests import helpers
 
 

@@ -10,10 +10,14 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax import checkpoints, optim, sources, weights
-from electra_jax.data import build, input_pipeline
+from electra_jax import prepare
+from electra_jax.data import input_pipeline
 from electra_jax.hf import directory as hf_directory
-from electra_jax.pretrain import experiment, loop as pretrain_loop, plan as plan_lib
+from electra_jax.parallel import optim
+from electra_jax.pretrain import experiment
+from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.pretrain import plan as plan_lib
+from electra_jax.run import checkpoints, sources, weights
 from tests import helpers
 
 LONG = 128  # phase 2's seq_len; phase 1 runs at the tiny config's 64
@@ -56,7 +60,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
   second.data.update(seq_len=LONG, data_dir=str(tmp_path / "data"))
   second.train.update(init_from=str(tmp_path / "phase1"), num_steps=6, log_every=1, eval_every=6, checkpoint_every=1,
                       keep_checkpoints=10)
-  prepared = build.build(second)  # with phase 1's tokenizer: none is trained
+  prepared = prepare.build(second)  # with phase 1's tokenizer: none is trained
   assert prepared.tokenizer_path == tiny_data[1].tokenizer_path and not (tmp_path / "data" / "tokenizer").exists()
 
   # Without init_from_state: phase 1's parameters, a fresh optimiser at step 0.

@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import checkpoints, loop
 from electra_jax import config as config_lib
 from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import checkpoints, loop
 
 
 def _train(tiny_data, workdir, **train) -> tuple:

@@ -129,7 +129,8 @@ def test_a_failed_save_on_gcs_is_saved_again(tmp_path, monkeypatch, where):
   from configs import tiny  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from electra_jax import checkpoints, outage, storage  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import checkpoints  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import outage, storage
   monkeypatch.setattr(storage, "is_remote", lambda path: True)
   monkeypatch.setattr(outage, "answering", lambda timeout: True)
   method = "save" if where == "the next save" else "wait_until_finished"
@@ -164,7 +165,7 @@ def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path, monke
   # As storage.initialize does, before gcsfs is first imported: no Storage Control probe of each bucket.
   monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
   from gcsfs.core import GCSFileSystem  # pylint: disable=g-import-not-at-top
-  from electra_jax import outage  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import outage  # pylint: disable=g-import-not-at-top
   store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
   try:
     outage.restart_lost_uploads()
@@ -185,7 +186,7 @@ def test_a_copy_whose_upload_session_the_store_lost_midway_is_started_again(tmp_
   """A file larger than gcsfs's block size goes up in several requests of one session; a store restarted between
   them no longer knows it: storage.copy_file starts the copy again from the first byte (a dataset's upload)."""
   import shutil  # pylint: disable=g-import-not-at-top
-  from electra_jax import storage  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import storage  # pylint: disable=g-import-not-at-top
   store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
   try:
     for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):

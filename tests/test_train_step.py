@@ -4,9 +4,10 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import config as config_lib, sharding
+from electra_jax import config as config_lib
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.parallel import sharding
 from electra_jax.pretrain import experiment
-from electra_jax.special_ids import SpecialIds
 
 
 def _run(mesh, objective, steps=2, batch_size=16, full_rows=False, update=None):
@@ -121,7 +122,7 @@ def test_whole_word_masking_reaches_the_step(tiny_data):
 def test_state_initialised_on_the_host_equals_the_devices(monkeypatch):
   """A GPU mesh's state is initialised on the host's CPU and copied over (state._host_for): the same values, placed
   as the devices' own init places them. Here the host is the CPU device the mesh's first shard lives on."""
-  from electra_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.parallel import state as state_lib  # pylint: disable=g-import-not-at-top
   c = config_lib.base("tiny")
   c.model.num_layers = 1
   c.data.update(vocab_size=256, seq_len=32)

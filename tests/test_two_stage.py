@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from configs import tiny
-from electra_jax import flops, masking, two_stage
+from electra_jax.model import flops, masking, two_stage
 from electra_jax.pretrain import experiment
 
 SWITCH = 3  # two_stage_fraction=0.5 of 6 steps: steps 0-2 train G, step 3 copies G into D and starts stage 2

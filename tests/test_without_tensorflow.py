@@ -56,7 +56,8 @@ def not_in_base_install() -> list[str]:
 
 # The library behind every command after electra-prepare, and the commands (they define no flag at import).
 AFTER_PREPARE = ("electra_jax.pretrain.loop", "electra_jax.pretrain.experiment", "electra_jax.finetune.loop",
-                 "electra_jax.weights", "electra_jax.hf.directory", "electra_jax.data.input_pipeline", "electra_jax.prepare",
+                 "electra_jax.run.weights", "electra_jax.hf.directory", "electra_jax.data.input_pipeline",
+                 "electra_jax.prepare",
                  "electra_jax.pretrain.__main__", "electra_jax.export", "electra_jax.bench", "electra_jax.finetune.__main__",
                  "electra_jax.check")
 # Evaluated 3 times, the resumed leg starting from a checkpoint: what the figures compare, at few steps.

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 from sentencepiece import sentencepiece_model_pb2 as sp_model
 
-from electra_jax import storage, weights
-from electra_jax import workdir as workdir_lib
+from electra_jax.run import weights
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 from tests import helpers
 from tests import pretrain_cli as cli
 from tests.conftest import GCS_BUCKET

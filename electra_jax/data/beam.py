@@ -26,12 +26,10 @@ from apache_beam.runners import runner as runner_lib
 from etils import epath
 import tensorflow_datasets as tfds
 
-from electra_jax import storage
-from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import integrity, packing, pretraining
 from electra_jax.data import corpus as corpus_lib
-from electra_jax.data import integrity
-from electra_jax.data import packing
-from electra_jax.data import pretraining
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.runtime import storage
 
 
 # Runners whose workers are processes of this host; the others' workers see gs:// but not this host's disk.

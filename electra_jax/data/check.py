@@ -9,8 +9,8 @@ import os
 import ml_collections
 from etils import epath
 
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import input_pipeline, integrity, prepared
+from electra_jax.data import tokenizer as tokenizer_lib
 
 SPLITS = ("train", "validation")
 

@@ -22,8 +22,8 @@ from typing import Iterator
 from absl import logging
 from etils import epath
 
-from electra_jax import storage
 from electra_jax.data import task_rows
+from electra_jax.runtime import storage
 
 TASK_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 TASK_PREFIX = "task:"  # data.text_files entry: a built-in task's training rows (its fixed split, never its eval rows)

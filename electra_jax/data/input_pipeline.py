@@ -28,9 +28,9 @@ from etils import epath
 from google.protobuf import message
 from tensorflow_datasets.proto import tf_example_generated_pb2
 
-from electra_jax import storage
 from electra_jax.data import integrity
 from electra_jax.data import records as records_lib
+from electra_jax.runtime import storage
 
 FEATURES = ("input_ids", "segment_ids")
 

@@ -11,7 +11,7 @@ import zlib
 
 from etils import epath
 
-from electra_jax import storage
+from electra_jax.runtime import storage
 
 _CHUNK = 4 << 20
 SHARD = ".array_record-"  # in the name of every shard file, never in a description file's

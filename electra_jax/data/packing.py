@@ -22,8 +22,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import corpus as corpus_lib
+from electra_jax.data import tokenizer as tokenizer_lib
 
 
 @dataclasses.dataclass

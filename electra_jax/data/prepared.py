@@ -10,8 +10,8 @@ import os
 
 from etils import epath
 
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.data.special_ids import SpecialIds
 
 NAME = "electra_pretraining"  # the TFDS builder's name: the dataset's directory under data.data_dir
 VERSION = "1.0.0"

@@ -19,12 +19,9 @@ import tensorflow_datasets as tfds
 import tqdm
 from tensorflow_datasets.core.utils import shard_utils
 
-from electra_jax import storage
+from electra_jax.data import integrity, packing, prepared, records
 from electra_jax.data import corpus as corpus_lib
-from electra_jax.data import integrity
-from electra_jax.data import packing
-from electra_jax.data import prepared
-from electra_jax.data import records
+from electra_jax.runtime import storage
 
 MIN_SHARD_BYTES = 16 << 20  # of serialized examples: smaller shards would add files, not lanes a pod needs
 MAX_SHARDS = 256  # a host opens every shard it reads (one file each), and lanes stop at the batch size anyway

@@ -60,9 +60,9 @@ def main(config, workdir, seeds, learning_rates):
   rates = [_number(float, "learning_rates", r) for r in learning_rates]
   seeds = [_number(int, "seeds", s) for s in seeds]
   # The library only now: flags and config are checked without it, in a fraction of a second.
-  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
   from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top
-  sharding.initialize_runtime(config.train.peer_timeout_s)
+  from electra_jax.runtime import startup
+  startup.initialize(config.train.peer_timeout_s)
   results = protocol.run(config, workdir, seeds, rates)
   if results is not None:
     logging.info("%s", json.dumps(results))

@@ -16,11 +16,15 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, modeling, optim, sharding, sources, state as state_lib
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import input_pipeline
-from electra_jax.finetune import model as model_lib, tasks
-from electra_jax.finetune.heads import Head, Split, load_task
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.finetune import tasks
+from electra_jax.finetune import model as model_lib
+from electra_jax.finetune.heads import Head, load_task, Split
+from electra_jax.model import modeling
+from electra_jax.parallel import accumulate, aot, optim, sharding
+from electra_jax.parallel import state as state_lib
+from electra_jax.run import sources
 
 
 def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1, flat=False):

@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from electra_jax import modeling, sharding
-from electra_jax import tokenizer as tokenizer_lib
-from electra_jax.finetune import hf_heads, model as model_lib, qa, tasks, token_tasks
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.finetune import hf_heads, qa, tasks, token_tasks
+from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.config import METRICS
+from electra_jax.model import modeling
+from electra_jax.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,11 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from electra_jax import modeling, storage
 from electra_jax.hf import convert as hf_convert
 from electra_jax.hf import directory as hf_directory
 from electra_jax.hf import tokenizer as hf_tokenizer
+from electra_jax.model import modeling
+from electra_jax.runtime import storage
 
 
 def architecture(params) -> str:

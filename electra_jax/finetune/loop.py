@@ -11,12 +11,14 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from electra_jax import checkpoints, goodput, state as state_lib, storage
-from electra_jax import loop as loop_lib
-from electra_jax import metrics as metrics_lib
-from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import plan as plan_lib
-from electra_jax.finetune.experiment import Setup, batch_rows, make_setup
+from electra_jax.finetune.experiment import batch_rows, make_setup, Setup
+from electra_jax.parallel import state as state_lib
+from electra_jax.run import checkpoints, goodput
+from electra_jax.run import loop as loop_lib
+from electra_jax.run import metrics as metrics_lib
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 
 BEST_DIR = "best"
 RESULTS_FILE = "eval_results.json"

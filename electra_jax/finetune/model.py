@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, sources, weights
-from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.hf import convert as hf_convert
+from electra_jax.model import modeling
+from electra_jax.run import sources, weights
 
 
 class ClassificationHead(nn.Module):

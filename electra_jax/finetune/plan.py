@@ -6,9 +6,10 @@ import dataclasses
 
 import ml_collections
 
-from electra_jax import checkpoints, sources, storage
 from electra_jax import config as config_lib
-from electra_jax import workdir as workdir_lib
+from electra_jax.run import checkpoints, sources
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 
 
 @dataclasses.dataclass(frozen=True)

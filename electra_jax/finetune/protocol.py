@@ -18,8 +18,9 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from electra_jax import packages, storage
-from electra_jax.finetune import loop, plan as plan_lib
+from electra_jax.finetune import loop
+from electra_jax.finetune import plan as plan_lib
+from electra_jax.runtime import packages, storage
 
 SUMMARY_FILE = "protocol.json"
 TABLE_FILE = "protocol.md"

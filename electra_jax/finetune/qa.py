@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import task_rows
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import tasks
 
 METRICS = ("f1", "exact_match")

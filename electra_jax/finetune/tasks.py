@@ -6,9 +6,9 @@ from typing import Callable
 
 import numpy as np
 
-from electra_jax import packages
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import task_rows
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.runtime import packages
 
 
 def _finite(value) -> float | None:

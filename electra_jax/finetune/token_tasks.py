@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import task_rows
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import tasks
 
 IGNORE = -100  # the label of pieces the loss skips (HF's ignore_index)

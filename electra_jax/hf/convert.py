@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from electra_jax import modeling
+from electra_jax.model import modeling
 
 
 def network_params(model_config: modeling.ModelConfig, params, net: str) -> dict:

@@ -27,11 +27,12 @@ from etils import epath
 from flax import traverse_util
 
 from electra_jax import config as config_lib
-from electra_jax import modeling, objectives, storage
-from electra_jax import tokenizer as tokenizer_lib
 from electra_jax.data import prepared
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.hf import convert
 from electra_jax.hf import tokenizer as hf_tokenizer
+from electra_jax.model import modeling, objectives
+from electra_jax.runtime import storage
 
 WEIGHTS_FILE = "model.safetensors"
 GENERATOR_DIR = "generator"

@@ -5,8 +5,8 @@ import os
 
 from etils import epath
 
-from electra_jax import storage
-from electra_jax import tokenizer as tokenizer_lib
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.runtime import storage
 
 SPM_FILE = "sentencepiece.model"  # our tokenizer beside tokenizer.json: what import_hf and fine-tuning read
 VOCAB_FILE = "vocab.txt"

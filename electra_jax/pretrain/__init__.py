@@ -7,7 +7,7 @@ twin of finetune/, with the same file for the same role.
                     the mesh (state.py, sharding.py), and the held-out evaluation
   loop.py           the loop's own part: restore or init as the plan says (the input position included),
                     batches from the input pipeline, logging with throughput, evaluation (the shared loop is
-                    electra_jax/loop.py)
+                    electra_jax/run/loop.py)
   __main__.py       the command line
 
 Nothing is imported here, so that the command checks its flags and packages before it imports the model stack.

@@ -30,9 +30,10 @@ def define_flags():
 
 
 def main(config, workdir, allow_config_change):
-  from electra_jax import sharding  # pylint: disable=g-import-not-at-top
-  from electra_jax.pretrain import loop as pretrain_loop, plan as plan_lib  # pylint: disable=g-import-not-at-top
-  sharding.initialize_runtime(config.train.peer_timeout_s)
+  from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import startup
+  startup.initialize(config.train.peer_timeout_s)
   plan = plan_lib.resolve(config, workdir, allow_config_change)
   logging.info("%s", plan.describe())
   pretrain_loop.train(plan)

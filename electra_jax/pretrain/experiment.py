@@ -10,10 +10,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import accumulate, aot, flops, losses, masking, modeling, objectives, optim, sharding
-from electra_jax import state as state_lib
-from electra_jax.state import TrainState
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import flops, losses, masking, modeling, objectives
+from electra_jax.parallel import accumulate, aot, optim, sharding
+from electra_jax.parallel import state as state_lib
+from electra_jax.parallel.state import TrainState
 
 
 def train_step(state: TrainState, batch, rng, *, model, update, objective, special, word_starts=None, accum_steps=1,

@@ -1,5 +1,5 @@
 """The pre-training loop's own part: restore or init as the run's plan says (the input position included), batches
-from the input pipeline, logging with throughput, held-out evaluation; the shared loop (electra_jax/loop.py) runs the
+from the input pipeline, logging with throughput, held-out evaluation; the shared loop (run/loop.py) runs the
 steps, checkpoints and preemption."""
 import concurrent.futures
 import os
@@ -11,14 +11,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from electra_jax import checkpoints, flops, goodput, weights
-from electra_jax import loop as loop_lib
-from electra_jax import metrics as metrics_lib
-from electra_jax import workdir as workdir_lib
 from electra_jax.data import input_pipeline
 from electra_jax.data import prepared as prepared_lib
-from electra_jax.pretrain import experiment, plan as plan_lib
-from electra_jax.state import TrainState
+from electra_jax.model import flops
+from electra_jax.parallel.state import TrainState
+from electra_jax.pretrain import experiment
+from electra_jax.pretrain import plan as plan_lib
+from electra_jax.run import checkpoints, goodput, weights
+from electra_jax.run import loop as loop_lib
+from electra_jax.run import metrics as metrics_lib
+from electra_jax.run import workdir as workdir_lib
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

@@ -7,7 +7,7 @@ Run it from the repository root (or with that on PYTHONPATH): configs/ and studi
 
 Every objective of the study (configs/studies/replicate.py) pre-trains the same discriminator on the same data for the
 same FLOPs: the budget is budget_steps steps of objective electra, each objective's step costs what
-electra_jax.flops.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
+electra_jax.model.flops.step_flops says (its generator included), so it gets round(budget / step FLOPs) steps, and its
 warm-up is a fixed fraction of them. Its checkpoints along the way and at the end are fine-tuned on the demo tasks with
 several seeds, beside studies/finetune_demo.py's floors (random init of the same architecture; TF-IDF + logistic
 regression). Writes <workdir>/results.json, the Markdown report (--output) and its figures in the directory named like
@@ -32,8 +32,8 @@ from ml_collections import config_flags
 
 from studies import finetune_demo
 from studies.replicate import plan, plot, report, run
-from electra_jax import sharding
-from electra_jax.data import build
+from electra_jax import prepare
+from electra_jax.runtime import startup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -46,13 +46,13 @@ _PLAN_ONLY = flags.DEFINE_bool("plan_only", False, "Print each objective's steps
 
 
 def main(argv):
-  from electra_jax import console  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import console  # pylint: disable=g-import-not-at-top
   console.start()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # the progress lines, not every library's INFO
-  sharding.initialize_runtime()
+  startup.initialize()
   study = _CONFIG.value
   workdir, output = _WORKDIR.value or study.workdir, _OUTPUT.value or study.output
   try:
@@ -66,7 +66,7 @@ def main(argv):
     if not jax.config.jax_compilation_cache_dir:
       jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(workdir), "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    build.build(study.pretrain)  # a no-op when prepared (cpu: by `make demo` too)
+    prepare.build(study.pretrain)  # a no-op when prepared (cpu: by `make demo` too)
     results = run.run_study(study, workdir, budget, configs, flops)
   except (ValueError, OSError) as e:  # bad input, e.g. a workdir holding another study's run: one line
     raise SystemExit(f"error: {e}") from None

@@ -4,8 +4,8 @@ import copy
 import json
 import math
 
-from electra_jax import flops as flops_lib
-from electra_jax import objectives, two_stage
+from electra_jax.model import objectives, two_stage
+from electra_jax.model import flops as flops_lib
 
 REFERENCE = "electra"  # budget_steps counts steps of this objective
 

@@ -52,7 +52,7 @@ def report(results: dict, study, command: str, machine: str, figures: dict) -> s
       "# Replicating ELECTRA's objective ablation in miniature", "",
       f"The same discriminator pre-trained with each objective for the same compute — the FLOPs of "
       f"{results['budget_steps']} steps of {LABELS[results['reference']]}, generator included "
-      f"(`electra_jax.flops.step_flops`) — then fine-tuned on {' and '.join(tasks)}, beside two floors "
+      f"(`electra_jax.model.flops.step_flops`) — then fine-tuned on {' and '.join(tasks)}, beside two floors "
       f"(random init of the same architecture; TF-IDF + logistic regression). "
       f"Each objective has one pre-training run (seed {t.seed}); the spread, median (min-max), is over fine-tuning "
       f"seeds only. The paper compares these objectives on GLUE with far larger models and corpora; this is a "

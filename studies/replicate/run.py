@@ -6,11 +6,11 @@ import time
 
 from studies import finetune_demo
 from studies.replicate import plan
-from electra_jax import workdir as workdir_lib
 from electra_jax import finetune as finetune_lib
-from electra_jax import storage
-from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.data import prepared
+from electra_jax.pretrain import loop as pretrain_loop
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 
 TFIDF, RANDOM = "TF-IDF 1-2-gram + LR", "random init"  # the floors, as results["floors"] names them
 

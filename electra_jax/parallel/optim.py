@@ -24,7 +24,7 @@ import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
-from electra_jax import sharding
+from electra_jax.parallel import sharding
 
 OPTIMIZERS = ("adamw", "official")
 

@@ -15,8 +15,8 @@ from sentencepiece import sentencepiece_model_pb2 as sp_model
 from sentencepiece import sentencepiece_pb2
 from etils import epath
 
-from electra_jax import storage
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.runtime import storage
 
 SCORE_GRID = 64
 # SentencePiece's max_sentence_length (its default): longer sentences are left out of its training.

@@ -11,10 +11,10 @@ import os
 import ml_collections
 from etils import epath
 
-from electra_jax import storage
-from electra_jax import workdir as workdir_lib
 from electra_jax.data import prepared
 from electra_jax.hf import tokenizer as hf_tokenizer
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 
 PARAMS_DIR = "params"  # a params export's parameter tree, beside its config.json
 

@@ -19,7 +19,7 @@ from etils import epath
 from jax._src import distributed  # the coordination service's key-value store: no public API has it
 from jax.experimental import multihost_utils
 
-from electra_jax import storage
+from electra_jax.runtime import storage
 
 # Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
 # layout and memory (mesh, remat, micro-batches), locations, and fine-tuning's overwrite (which only acts on another

@@ -13,10 +13,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from electra_jax import checkpoints, goodput, peers, preemption
-from electra_jax import metrics as metrics_lib
-from electra_jax import workdir as workdir_lib
-from electra_jax.state import TrainState
+from electra_jax.parallel.state import TrainState
+from electra_jax.run import checkpoints, goodput, preemption
+from electra_jax.run import metrics as metrics_lib
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import peers
 
 SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured against (train.spike_factor)
 

@@ -10,9 +10,11 @@ from typing import Any, NamedTuple
 import jax
 import ml_collections
 
-from electra_jax import checkpoints, sharding, sources, state, storage
-from electra_jax import workdir as workdir_lib
 from electra_jax.hf import directory as hf_directory
+from electra_jax.parallel import sharding, state
+from electra_jax.run import checkpoints, sources
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.runtime import storage
 
 
 class Weights(NamedTuple):

@@ -5,8 +5,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from electra_jax import sampling
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import sampling
 
 MASK_TOKEN_FRACTION = 0.85  # ELECTRA: of the chosen positions, 85% become [MASK] and 15% stay (no random tokens)
 

@@ -12,7 +12,7 @@ import math
 import os
 import re
 
-from electra_jax import packages
+from electra_jax.runtime import packages
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from electra_jax import optim, sharding
+from electra_jax.parallel import optim, sharding
 
 
 @flax.struct.dataclass

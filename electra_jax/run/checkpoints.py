@@ -31,8 +31,9 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from electra_jax import outage, sharding, storage
 from electra_jax.data import prepared
+from electra_jax.parallel import sharding
+from electra_jax.runtime import outage, storage
 
 # Each host writes whole arrays: Orbax's default (replica-parallel) slices every replicated array into one piece per
 # replica, one dispatched op each; for ELECTRA's hundreds of small arrays that was most of a save's time (a second per

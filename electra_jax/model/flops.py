@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax
 import ml_collections
 
-from electra_jax import masking, modeling, objectives
+from electra_jax.model import masking, modeling, objectives
 
 # Dense bf16 peak FLOP/s per JAX device. A TPU v2/v3 chip shows up as two devices (one per core).
 PEAK_FLOPS = {

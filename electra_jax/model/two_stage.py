@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from electra_jax import losses
+from electra_jax.model import losses
 
 
 def switch_step(config: ml_collections.ConfigDict) -> int:

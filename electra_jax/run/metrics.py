@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from electra_jax import storage
+from electra_jax.runtime import storage
 
 
 def _import_tensorboardx():

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from electra_jax import masking, modeling, sampling
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import masking, modeling, sampling
 
 
 class Batch(NamedTuple):

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from electra_jax import losses, masking, modeling, sampling, two_stage
-from electra_jax.special_ids import SpecialIds
+from electra_jax.data.special_ids import SpecialIds
+from electra_jax.model import losses, masking, modeling, sampling, two_stage
 
 
 def electra_loss(b: losses.Batch, *, masked_only: bool = False):

@@ -1,0 +1,35 @@
+"""The process's JAX runtime, set up once by every entry point before anything touches the devices: storage (gs://,
+an emulator), the compilation cache, joining the other processes of a multi-host run, and the random-bit generator."""
+import os
+
+import jax
+
+from electra_jax.runtime import peers, storage
+
+
+def use_compilation_cache():
+  """Keeps compiled steps on disk, so a restarted run (after a preemption, a resume, a second phase) loads them
+  instead of compiling again: in JAX_COMPILATION_CACHE_DIR when set (gs:// too: one cache for every host of a pod and
+  every restart), else ~/.cache/electra_jax/xla (XDG_CACHE_HOME)."""
+  if not jax.config.jax_compilation_cache_dir:
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
+
+
+def initialize(peer_timeout_s: float = 0):
+  """Sets up storage (gs://, an emulator), the compilation cache, joins the other processes of a multi-host run
+  (explicitly from launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing), with JAX's
+  own timeouts for a lost process beyond the watchdog's `peer_timeout_s` (train.peer_timeout_s: peers.py), and picks
+  the random-bit generator. Call before anything touches the devices."""
+  storage.initialize()
+  use_compilation_cache()
+  if "JAX_COORDINATOR_ADDRESS" in os.environ:
+    jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
+                               int(os.environ["JAX_PROCESS_ID"]), **peers.runtime_settings(peer_timeout_s))
+  elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
+    jax.distributed.initialize(**peers.runtime_settings(peer_timeout_s))
+  # Partitionable threefry lets accelerator meshes draw sharded random arrays shard-locally; on CPU it costs twice
+  # the time per number, and dropout's random numbers are a large share of a CPU step. Values stay independent of
+  # the mesh either way (a CPU run's dropout stream differs from an accelerator's, which resume does not need).
+  if jax.default_backend() == "cpu":
+    jax.config.update("jax_threefry_partitionable", False)
