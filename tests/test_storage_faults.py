@@ -161,14 +161,14 @@ def test_a_failed_save_on_gcs_is_saved_again(tmp_path, monkeypatch, where):
 
 def test_an_upload_whose_session_the_store_lost_is_started_again(tmp_path, monkeypatch):
   """gcsfs begins every upload with a resumable session; a store restarted between the session's start and its data
-  no longer knows it (404: FileNotFoundError). outage.restart_lost_uploads has gcsfs start it again."""
+  no longer knows it (404: FileNotFoundError). gcsfs_private.restart_lost_uploads has gcsfs start it again."""
   # As storage.initialize does, before gcsfs is first imported: no Storage Control probe of each bucket.
   monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
   from gcsfs.core import GCSFileSystem  # pylint: disable=g-import-not-at-top
-  from electra_jax.runtime import outage  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import gcsfs_private  # pylint: disable=g-import-not-at-top
   store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
   try:
-    outage.restart_lost_uploads()
+    gcsfs_private.restart_lost_uploads()
     fs = GCSFileSystem(endpoint_url=f"http://{store.host}", token="anon")
     f = fs.open(f"{BUCKET}/metrics.jsonl", "wb")
     f.write(b"x" * 1000)

@@ -16,10 +16,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
-from jax._src import distributed  # the coordination service's key-value store: no public API has it
 from jax.experimental import multihost_utils
 
-from electra_jax.runtime import storage
+from electra_jax.runtime import jax_private, storage
 
 # Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
 # layout and memory (mesh, remat, micro-batches), locations, and fine-tuning's overwrite (which only acts on another
@@ -318,7 +317,7 @@ class Lock:
 def _tell_others(key: str, refusal: Exception | None) -> Exception | None:
   """Process 0's refusal (or None) for every process, through the coordination service's key-value store: the others
   wait there for as long as a takeover may watch, where a collective would give up after tens of seconds."""
-  client = distributed.global_state.client
+  client = jax_private.coordination_client()
   if jax.process_index() == 0:
     client.key_value_set(key, "" if refusal is None else str(refusal) or type(refusal).__name__)
     return refusal

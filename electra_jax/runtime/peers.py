@@ -24,7 +24,8 @@ from typing import Callable
 
 import jax
 from absl import logging
-from jax._src import distributed  # the coordination service's client: no public API has its key-value store
+
+from electra_jax.runtime import jax_private
 
 PERIOD_S = 1.0
 # A peer not yet heard from may still be starting (loading data, building its step on a busy host): it has this many
@@ -59,7 +60,7 @@ class Watchdog:
 
   def __enter__(self):
     if jax.process_count() > 1 and self.timeout_s > 0:
-      self._client = distributed.global_state.client
+      self._client = jax_private.coordination_client()
       self._answered = time.monotonic()  # when the service last answered
       self._beats = {}
       me = jax.process_index()  # the others' last beat, and since when

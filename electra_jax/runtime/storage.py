@@ -109,7 +109,7 @@ def write(path, data: bytes | str):
 
 def copy_file(src, dst):
   """Streams one file between any two stores. An upload whose session Cloud Storage lost after some of its bytes
-  (a restarted store; see outage.restart_lost_uploads for those that lost none) is started again from the first.
+  (a restarted store; see gcsfs_private.restart_lost_uploads for those that lost none) is started again from the first.
   From gs:// to gs://, Cloud Storage copies the object itself: no byte passes through this host."""
   if os.fspath(src).startswith("gs://") and os.fspath(dst).startswith("gs://"):
     import fsspec  # pylint: disable=g-import-not-at-top

@@ -1,0 +1,46 @@
+"""The one place that touches gcsfs's private names, to ride out a Cloud Storage outage (outage.py): its retried
+requests and its upload of a file's first chunk. tests/test_adapters.py resolves every name in NAMES against the
+installed gcsfs, so an upgrade that moves one fails there rather than in an outage."""
+# pylint: disable=protected-access
+from absl import logging
+
+# (module, attribute path) of each private name used below.
+NAMES = (("gcsfs.retry", "retry_request"), ("gcsfs.core", "GCSFileSystem._request"),
+         ("gcsfs.core", "GCSFileSystem._get_file_request"), ("gcsfs.core", "GCSFileSystem._get_file_concurrent"),
+         ("gcsfs.core", "GCSFile._upload_chunk"), ("gcsfs.core", "GCSFile._initiate_upload"))
+_REQUESTS = ("_request", "_get_file_request", "_get_file_concurrent")
+
+
+def lengthen_retries(seconds: float):
+  """Makes gcsfs retry a failed request with its own backoff (1, 2, 4 ... 32 s, then 32 s each) for longer than
+  `seconds` rather than its default of about 30 s."""
+  from gcsfs import core, retry  # pylint: disable=g-import-not-at-top
+  waits, retries = 0.0, 1
+  while waits <= seconds:
+    waits += min(2 ** (retries - 1), 32)
+    retries += 1
+  for name in _REQUESTS:
+    method = getattr(core.GCSFileSystem, name)
+    setattr(core.GCSFileSystem, name, retry.retry_request(retries=retries)(getattr(method, "__wrapped__", method)))
+
+
+def restart_lost_uploads():
+  """Makes gcsfs start an upload again when the store no longer knows its session (a 404 on the session's URL: a
+  restarted store, or a session expired during an outage) and none of its bytes was accepted yet, so all are still at
+  hand: every file under gcsfs's block size, as are Orbax's checkpoint metadata and metrics.jsonl. Without this the
+  upload, hence a save, fails with FileNotFoundError."""
+  from gcsfs.core import GCSFile  # pylint: disable=g-import-not-at-top
+  upload_chunk = getattr(GCSFile._upload_chunk, "__wrapped__", GCSFile._upload_chunk)
+
+  def restarting(self, final=False):
+    try:
+      return upload_chunk(self, final)
+    except FileNotFoundError:
+      if self.offset != 0:
+        raise
+      logging.warning("Cloud Storage no longer knows the upload session of %s: uploading it again", self.path)
+      self._initiate_upload()
+      return upload_chunk(self, final)
+
+  restarting.__wrapped__ = upload_chunk
+  GCSFile._upload_chunk = restarting
