@@ -8,7 +8,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["electra_jax", "electra_jax.*"]),
-    package_data={"electra_jax": ["gpu_targets/*.txtpb"]},  # XLA's descriptions of the GPUs electra-compile knows
+    # XLA's descriptions of the GPUs electra-compile knows
+    package_data={"electra_jax.parallel": ["gpu_targets/*.txtpb"]},
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.7,<0.12",
