@@ -1,9 +1,33 @@
-"""The config schema: every key a run may set, with defaults. Files in configs/ start from `base()`.
+"""The config schema: every key a run may set, with defaults (files in configs/ start from `base()`), and how a saved
+config is read back onto it.
 
 Every key is overridable from the command line (`--config.train.batch_size=64`); the dict is locked, so a misspelt
 key fails loudly instead of being silently added.
+
+A config saved with a run (a workdir's or a params export's config.json) is migrated once, where it is loaded
+(`from_saved`), so code below the entrance reads plain fields: it is merged onto today's schema; a key it lacks (added
+since) takes the value that reproduces how runs ran before the key existed (BEFORE_KEY), else today's default; a key
+today's schema no longer has is dropped with a warning, since no code reads it. `version` notes the schema version it
+was saved under (1: saved before the field existed); a change of a key's meaning bumps VERSION, and `from_saved`
+translates the older versions.
 """
+import json
+
 import ml_collections
+from absl import logging
+
+VERSION = 2
+# Keys added since version 1 whose default differs from what runs did before the key existed.
+BEFORE_KEY = {"train.flat_update": False}
+
+# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
+# layout and memory (mesh, remat, micro-batches), locations, fine-tuning's overwrite (which only acts on another run)
+# and the schema version. Any other difference means another run, which resuming would silently mix in.
+RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
+                  "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
+                  "mesh.", "model.remat", "train.grad_accum_steps", "train.steps_per_dispatch",
+                  "data.data_dir", "data.num_workers", "overwrite", "version")
 
 # Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py), and "tiny" for
 # tests and smoke runs: one layer, since compiling and tracing a step grow with depth.
@@ -28,12 +52,13 @@ def check_counts(train: ml_collections.ConfigDict, *counts: str):
   """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor
   >= 0 (the loop's guard), and, where the loop has train.steps_per_dispatch, the loop's cadences (its own `counts`,
   log_every, checkpoint_every) are multiples of it: the loop logs, evaluates, saves and stops between dispatches."""
-  k = train.get("steps_per_dispatch", 1)
-  for key in (*counts, *COUNTS, *(("steps_per_dispatch",) if "steps_per_dispatch" in train else ())):
+  dispatched = ("steps_per_dispatch",) if "steps_per_dispatch" in train else ()  # fine-tuning's loop has none
+  for key in (*counts, *COUNTS, *dispatched):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")
   if train.spike_factor < 0:
     raise ValueError(f"train.spike_factor={train.spike_factor} must be at least 0 (0: no spike check)")
+  k = train.steps_per_dispatch if dispatched else 1
   for key in (*counts, "log_every", "checkpoint_every"):
     if train[key] % k:
       raise ValueError(f"train.{key}={train[key]} is not a multiple of train.steps_per_dispatch={k}: the run logs, "
@@ -54,18 +79,18 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
       attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
       # Run the encoder layers as one lax.scan: the compiler builds one layer instead of num_layers copies; parameters
-      # keep their per-layer names, so checkpoints and exports are unchanged. On Base (v3-8) it took more than twice
-      # the memory and compiled no faster (docs/tpu.md): check the fit with electra-compile before turning it on.
+      # keep their per-layer names, so checkpoints and exports are unchanged. It may take more memory (docs/tpu.md):
+      # check the fit with electra-compile before turning it on.
       scan_layers=False,
       # Look words up as a one-hot matmul with the table (the official code's TPU path) instead of a gather: equal
-      # in float32, but costlier by the v3 cost model (Small's two lookups, forward and backward: 1.16 ms, 0.21 ms
-      # gathering; docs/tpu.md), so off.
+      # in float32, but costlier by the v3 cost model (docs/tpu.md), so off.
       one_hot_embeddings=False,
   ))
 
 
 def base(size: str = "small") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.version = VERSION  # the schema's (from_saved notes a saved config's own)
   c.model = model_config(size)
   c.objective = ml_collections.ConfigDict(dict(
       name="electra",  # a key of objectives.OBJECTIVES: electra, or one of the paper's baselines and ablations
@@ -164,10 +189,36 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       data=-1,  # -1: all devices not used by fsdp
       # Devices that split the weights and optimiser state (ZeRO-3) as well as the batch; -1: all devices not used by
       # data. small.py, base.py, large.py, finetune/glue.py and finetune/qa.py take a whole slice (data=1, fsdp=-1):
-      # each core then updates 1/N of the weights instead of all of them; by the v3-8 cost model Small's step takes
-      # 6.9 ms instead of 7.4, Base's 271.8 instead of 276.2 (docs/tpu.md). Over several slices or GPU nodes set data
-      # to their number.
+      # each core then updates 1/N of the weights instead of all of them (docs/tpu.md). Over several slices or GPU
+      # nodes set data to their number.
       fsdp=1,
   ))
   c.lock()
   return c
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+def from_saved(saved: dict, schema: ml_collections.ConfigDict, where: str) -> ml_collections.ConfigDict:
+  """`saved` (a config.json's dict, `where` in the warning) migrated onto `schema` (today's defaults, locked), as the
+  module's docstring says."""
+  flat, known = _flat(saved), _flat(schema.to_dict())
+  dropped = sorted(flat.keys() - known.keys())
+  if dropped:
+    logging.warning("%s: dropped keys this version no longer has (nothing reads them): %s", where, ", ".join(dropped))
+  schema.update_from_flattened_dict({**{k: v for k, v in BEFORE_KEY.items() if k in known},
+                                     **{k: flat[k] for k in flat.keys() & known.keys()},
+                                     "version": saved.get("version", 1)})
+  return schema
+
+
+def changes(saved: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> list[str]:
+  """'key: saved -> now' for every key of the same schema that differs, except RESUMABLE_KEYS: another run."""
+  old, new = (_flat(json.loads(c.to_json_best_effort())) for c in (saved, config))
+  return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
+          if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]

@@ -10,6 +10,7 @@ METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 def base_config() -> ml_collections.ConfigDict:
   pretrain = config_lib.base()
   c = ml_collections.ConfigDict()
+  c.version = pretrain.version  # the schema's (config.from_saved)
   c.init_from = ""  # pre-training workdir | HF ELECTRA directory | "" (random init: config.model + config.tokenizer)
   c.init_step = 0  # checkpoint step of a workdir to start from; 0 = the latest
   c.random_init = False  # init_from's architecture and tokenizer with random weights: the floor pre-training must beat

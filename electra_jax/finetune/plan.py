@@ -7,6 +7,7 @@ import dataclasses
 import ml_collections
 
 from electra_jax import config as config_lib
+from electra_jax.finetune import config as ft_config
 from electra_jax.run import checkpoints, sources
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.runtime import storage
@@ -55,7 +56,7 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   if not (ft.init_from or ft.tokenizer):
     raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
   init = sources.resolve(ft.init_from) if ft.init_from else None
-  replace = workdir_lib.check_finetune_workdir(workdir, ft, init.inputs() if init else [])
+  replace = workdir_lib.check_finetune_workdir(workdir, ft, init.inputs() if init else [], ft_config.base_config)
   config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
   return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), replace,
               None if replace else checkpoints.latest_step(workdir))

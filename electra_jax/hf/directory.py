@@ -24,7 +24,6 @@ import jax
 import ml_collections
 import numpy as np
 from etils import epath
-from flax import traverse_util
 
 from electra_jax import config as config_lib
 from electra_jax.data import prepared
@@ -116,7 +115,7 @@ def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None
   config = config_lib.base()
   run_config = epath.Path(hf_dir) / RUN_CONFIG_FILE
   if run_config.exists():
-    config.update_from_flattened_dict(traverse_util.flatten_dict(json.loads(run_config.read_text()), sep="."))
+    config = config_lib.from_saved(json.loads(run_config.read_text()), config, os.fspath(run_config))
   m = config.model
   m.update(num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
            num_heads=disc["num_attention_heads"], intermediate_size=disc["intermediate_size"],

@@ -150,7 +150,8 @@ def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, 
   try:
     restored = ckpt.restore(exp.sharded.abstract(), set_aside_corrupt=True)
   except checkpoints.OtherModelError as e:
-    vocab, ours = e.saved_config.get("data", {}).get("vocab_size"), exp.config.data.vocab_size
+    vocab = e.saved_config["data"]["vocab_size"] if e.saved_config else None
+    ours = exp.config.data.vocab_size
     if vocab in (None, ours):
       raise
     raise ValueError(f"{e.where} has a {vocab}-token vocabulary but this run's tokenizer and model have {ours} "

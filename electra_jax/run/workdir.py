@@ -18,36 +18,10 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from electra_jax import config as config_lib
 from electra_jax.runtime import jax_private, storage
 
-# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
-# layout and memory (mesh, remat, micro-batches), locations, and fine-tuning's overwrite (which only acts on another
-# run). Any other difference means another run, which resuming would silently mix in.
-RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
-                  "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
-                  "mesh.", "model.remat", "train.grad_accum_steps", "train.steps_per_dispatch",
-                  "data.data_dir", "data.num_workers", "overwrite")
-
-
 PLAN_FILE = "plan.json"  # what a run's plan.py decided at its entrance
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
-def config_changes(old: dict, new: dict) -> list[str]:
-  """'key: old -> new' for every key both configs have that differs, except RESUMABLE_KEYS."""
-  old, new = _flat(old), _flat(new)
-  return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in sorted(old.keys() & new.keys())
-          if old[k] != new[k] and not k.startswith(RESUMABLE_KEYS)]
 
 
 def check_writable(workdir: str, name: str = "workdir"):
@@ -64,12 +38,12 @@ def check_writable(workdir: str, name: str = "workdir"):
     raise PermissionError(f"{name} {workdir} is not writable (no write access to {existing})")
 
 
-def changes_since(workdir: str, config: ml_collections.ConfigDict) -> list[str] | None:
-  """config_changes from the config.json of the run in `workdir` to `config` (none: the same run, which resumes);
-  None where there is no config.json."""
+def changes_since(workdir: str, config: ml_collections.ConfigDict, schema=config_lib.base) -> list[str] | None:
+  """config.changes from the config.json of the run in `workdir` (read onto `schema()`) to `config` (none: the same
+  run, which resumes); None where there is no config.json."""
   if not epath.Path(workdir, "config.json").exists():
     return None
-  return config_changes(load_config(workdir).to_dict(), json.loads(config.to_json_best_effort()))
+  return config_lib.changes(load_config(workdir, schema), config)
 
 
 def _another_run(changes: list[str]) -> str:
@@ -90,16 +64,18 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict,
   return changes
 
 
-def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> bool:
+def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]],
+                           schema) -> bool:
   """Before fine-tuning writes anything: True when the workdir must be emptied first (it holds another run and
   ft.overwrite); a run of the same config is resumed (log, evaluation and checkpoint cadence and the mesh may
   change); anything else is refused, as is a workdir that cannot be written or that is, holds or lies inside what
-  the run reads (`init_inputs`: init_from's, sources.Source.inputs; the tokenizer and task files)."""
+  the run reads (`init_inputs`: init_from's, sources.Source.inputs; the tokenizer and task files). `schema`: the
+  fine-tuning schema's maker, which the saved config.json is read onto."""
   inputs = _finetune_inputs(ft, init_inputs)
   check_writable(workdir)
   path, replace = epath.Path(workdir), False
   if path.exists() and any(p.name != LOCK_FILE for p in path.iterdir()):
-    changes = changes_since(workdir, ft)
+    changes = changes_since(workdir, ft, schema)
     what = (f"holds files but no {path / 'config.json'}" if changes is None else
             _another_run(changes) if changes else None)
     if what and not ft.overwrite:
@@ -139,14 +115,15 @@ def write_plan(workdir: str, config: ml_collections.ConfigDict, plan: dict):
     storage.write(epath.Path(workdir) / PLAN_FILE, json.dumps(plan, indent=2))
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a pre-training run (or a params-only export) wrote to <dir>/config.json."""
+def load_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDict:
+  """The resolved config a run (or a params-only export) wrote to <dir>/config.json, migrated onto `schema()` (the
+  pre-training schema unless another is given: config.from_saved)."""
   path = epath.Path(workdir) / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"{workdir} is not a pre-training workdir: {path} is missing")
   try:
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
-  except ValueError as e:
+    return config_lib.from_saved(json.loads(path.read_text()), schema(), os.fspath(path))
+  except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{path} is not a valid config ({e})") from e
 
 
