@@ -2,32 +2,16 @@
 
   electra-bench --config=configs/small.py --config.train.batch_size=32 --config.model.dtype=float32 [--steps=10]
   electra-bench --config=configs/demo.py --data_dir=data/demo --pipeline   # real ids; the input pipeline's speed too
-
-Whether a config fits a TPU slice, and what XLA's TPU compiler expects of it: electra-compile (no TPU needed).
-
-Compiles the step (reports compile time and compiled.memory_analysis()), warms up, then times --steps steady-state
-steps with one block_until_ready at the end of the window. Batches are pre-placed on device: synthetic ids with the
-[CLS] A [SEP] B [SEP] + padding layout of packed data (the step's cost does not depend on token values), or real
-ones from the prepared dataset under --data_dir. Then it times the same steps as the training loop drives them
-(loop_step_time_s, loop_tokens_per_sec: the jitted step fed host batches placed ahead by a thread, metrics read two
-steps late; with --data_dir, read from the dataset as the training stream reads it): the difference is what the
-host costs; loop_resident_step_time_s is the same loop on the device-resident batches, which splits that cost into
-the step's dispatch and fetches and the placing of the batches. init_s is the initialisation's time (its compile,
-mostly), part of every fresh run's start-up. It also counts what the compiled step is made of (parameter arrays,
-instructions, fusions, kernels by kind: on a GPU each kernel is a launch), as electra-compile --gpu counts them from a
-CPU. FLOPs, TFLOP/s and MFU come from electra_jax.model.flops.
-The last line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...).
-
   electra-bench --config=configs/small.py --data_dir=data/demo --host_loop --steps=300
 
---host_loop times the host instead: electra-pretrain's own loop (pretrain/loop.py's: the input stream placed on the
-devices ahead, metrics.jsonl and TensorBoard rows at its log steps, checkpoint polling, the guard, the progress bar;
-its evaluation and save at the end) in a scratch workdir, driving a step that costs nothing (the state and constant
-metrics of the step's shapes). host_step_time_s is the main thread's time from one dispatch to the next: the most
-steps/s the host lets through whatever the device; host_cpu_time_s the main thread's CPU time of it (the rest it
-waited: for the GIL, a core or its batch); input_wait_s its wait for batches (the prefetch not keeping up); and
-other_threads_cpu_s the CPU time of the process's other Python threads by kind: an upper bound on the time they held
-the GIL (a thread holds it only while it runs).
+Compiles the step (compile time, memory, what it is made of: fusions, kernels by kind), then times --steps steps on
+device-resident batches (synthetic ids laid out as packed data, or the prepared dataset's under --data_dir), then the
+same steps as the training loop drives them (loop_step_time_s: host batches placed ahead by a thread, metrics read
+late; loop_resident_step_time_s: the same loop on resident batches); the differences are what the host costs.
+--host_loop times electra-pretrain's own loop around a step that costs nothing instead: the host's time, CPU time
+and input wait a step, and the other threads' CPU time. Whether a config fits a TPU slice: electra-compile. The last
+line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...);
+docs/benchmarks.md explains the fields.
 """
 import collections
 import gc
@@ -96,9 +80,7 @@ def host_batches(config, special, prepared=None) -> list:
 
 
 def kernel_counts(compiled, state) -> dict:
-  """What the optimised step is made of, on the backend that compiled it: the state's parameter arrays, and
-  aot.kernel_counts (the entry computation's instructions and fusions, the module's reduces, the kernels by kind: on
-  an accelerator where each kernel costs a launch, fewer is faster), as electra-compile counts them from a CPU."""
+  """What the optimised step is made of: the state's parameter arrays and aot.kernel_counts (as electra-compile)."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax.parallel import aot  # pylint: disable=g-import-not-at-top
   return dict(param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
@@ -118,9 +100,8 @@ def memory_report(compiled) -> dict:
 
 def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3, profile: str | None = None
                ) -> dict:
-  """Compile time, compiled memory and steady-state step time of `exp.step`: `steps` steps after `warmup`, with one
-  block_until_ready at the end of the window (dispatch runs ahead of the device, as in training); then, with
-  `profile`, PROFILE_STEPS more under jax.profiler.trace into that directory."""
+  """Compile time, compiled memory and steady-state step time of `exp.step` (`steps` steps after `warmup`, one
+  block_until_ready at the end), then as the loop drives it; with `profile`, PROFILE_STEPS more traced there."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
@@ -144,15 +125,10 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready((state, step_metrics))
   seconds = time.perf_counter() - t0
-  # As the training loop drives it (loop.py): the jitted step (not the compiled object), each step's loss read two
-  # steps late, the garbage collector frozen; first with the device-resident batches above, then with batches placed
-  # on the devices ahead by input_pipeline.OnDevice's thread (with prepared data, read and parsed as they are needed
-  # by the training stream's own threads), as in training. Where these are slower than the window above, the host sets
-  # the pace: the first difference is the step's dispatch and the fetches, the second placing the batches.
+  # As the training loop drives it: on the resident batches, then on batches placed ahead by OnDevice's thread.
   stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
   placed = input_pipeline.OnDevice(stream, exp.step_batch, steps=k)
-  # Fills jit's own cache (the compilation cache loads it) and starts the stream; finished before a window opens,
-  # which would otherwise hold one step more than it counts.
+  # Fills jit's own cache and starts the stream before a window opens.
   state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))
   state, resident_seconds = _loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
   state, loop_seconds = _loop_window(exp.step, state, placed, rng, steps)
@@ -210,9 +186,8 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 
 
 def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
-  """electra-pretrain's loop (pretrain/loop.drive) in a scratch workdir for `warmup` + `steps` + 1 dispatches, around
-  a step that returns the state and constant metrics: the main thread's time and CPU time a step over `steps`
-  dispatches after `warmup`, its wait for input, and the other threads' CPU time (see the module's docstring)."""
+  """electra-pretrain's loop in a scratch workdir around a step that costs nothing: the main thread's time and CPU
+  time a step over `steps` dispatches after `warmup`, its wait for input, and the other threads' CPU time."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top

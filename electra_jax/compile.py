@@ -7,18 +7,12 @@ kernels each step is made of, before a slice or a GPU host is booked.
   electra-compile --config=configs/finetune/qa.py --config.seq_len=512 --tpu=v3-8 --config.init_from=gs://B/export
   electra-compile --config=configs/small.py --gpu=h200
 
-The steps are the commands' own (electra-pretrain's train and eval steps; electra-finetune's train and predict
-steps), jitted over the devices' mesh as the config's mesh.* lays it out, and compiled by XLA's TPU compiler (libtpu:
-the `tpu` extra) or its GPU compiler (the CUDA plugin: the `gpu-compile` extra; cuDNN's wheel too for fused attention)
-from shapes alone: nothing is materialised, read or run. The table gives, per device: the memory plan (arguments,
-temporaries, generated code) against the device's HBM (on a GPU, the share JAX's allocator takes); the step's FLOPs as
-XLA counts them beside electra_jax.model.flops' model count; the TPU cost model's step time with the tokens/s and MFU it
-implies, and the time to train.num_steps: estimates, not measurements (XLA:GPU has no cost model without a device).
-A second table counts each step's kernels by kind (aot.kernel_counts: gemms, cuDNN calls, XLA's fusions, random
-numbers, collectives), each a launch on a GPU; electra-bench counts the same on a real device (on a GPU the compiler
-also autotunes there, which a compile without one does not). A step that does not fit ends in one line naming what it
-needs, the HBM and the largest batch that fits (predicted from how the plan grows with the batch, confirmed by
-compiling it). The last line of output is one JSON object. Compiling Base takes minutes on a laptop.
+The steps are the commands' own, jitted over the config's mesh and compiled from shapes alone by XLA's TPU compiler
+(the `tpu` extra) or GPU compiler (the `gpu-compile` extra). Per device: the memory plan against the HBM, the step's
+FLOPs as XLA and electra_jax.model.flops count them, the TPU cost model's step time and what it implies (estimates,
+not measurements), and each step's kernels by kind (aot.kernel_counts). A step that does not fit ends in one line
+naming what it needs, the HBM and the largest batch that fits. The last line of output is one JSON object
+(docs/tpu.md, docs/gpu_compile.md).
 """
 import contextlib
 import json

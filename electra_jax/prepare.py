@@ -6,13 +6,8 @@
   electra-prepare --config=configs/demo.py --repair                          # a damaged dataset rebuilt bit for bit
 
 Re-running with the same inputs does nothing (but rebuild a dataset whose shard is missing or of another size);
-changed inputs are rebuilt. --repair rebuilds the dataset a run with this --config reads when any of its bytes differ
-from those written, bit for bit, so that a run stopped by the damage resumes where it stopped. With
---config.train.init_from (continued pre-training), that model's tokenizer is kept instead of training one. See
-docs/data.md.
-
-`build` is the one writer of prepared data (data/prepared.py finds it); TensorFlow is imported only when something
-is built, so the rest of the package imports without it.
+changed inputs are rebuilt. --repair rebuilds a damaged dataset bit for bit, so that a run stopped by the damage
+resumes where it stopped. With --config.train.init_from, that model's tokenizer is kept. See docs/data.md.
 """
 import contextlib
 import os
@@ -31,18 +26,15 @@ from electra_jax.runtime import packages, storage
 
 
 def _identity(corpus, tok, num_shards: int) -> dict:
-  # A shard count asked for is part of what is built: asking for another rebuilds, and changes metadata.json, which
-  # names the hosts' local copies of a gs:// dataset. 0, the default count, adds nothing: earlier datasets are found.
+  # A shard count asked for is part of what is built; 0, the default count, adds nothing: earlier datasets are found.
   return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path),
           **({"num_shards": num_shards} if num_shards else {})}
 
 
 def build(config, beam_options: str = "", repair: bool = False) -> prepared.PreparedData:
-  """Tokenizer, then packed examples, for config.data; a no-op when they exist for the same inputs and the sizes of
-  their shards are those recorded. With `beam_options` (Beam's pipeline options, "name=value,..."), a Beam pipeline
-  makes the examples (data/beam.py). `repair`: every shard of the dataset is read whole (as electra-check reads it),
-  and a damaged dataset rebuilt; the dataset is the one the commands find for `config` (prepared.resolve), so the
-  config a run was given repairs its data."""
+  """Tokenizer, then packed examples, for config.data (the one writer of prepared data); a no-op when they exist for
+  the same inputs with the recorded shard sizes. `beam_options`: a Beam pipeline makes the examples (data/beam.py).
+  `repair`: every shard of the dataset the commands find for `config` is read whole, and a damaged one rebuilt."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   if beam_options:
     packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
@@ -93,10 +85,8 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
       return prepared.load(config)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
-  # A gs:// dataset is copied into place with dataset_info.json (what `load` looks for) last. On one host it is built
-  # in a local directory (ArrayRecord's writer takes local paths only); on Beam, whose workers need not see this
-  # host's disk, on gs:// beside it (each worker writes its shards locally and copies them: beam._ShardWriter), in a
-  # directory of this launch's own, since TFDS's final rename of a gs:// directory copies its files in no order.
+  # A gs:// dataset is built locally (on Beam: in a gs:// directory of this launch's own), then copied into place
+  # with dataset_info.json, what `load` looks for, last.
   remote = storage.is_remote(data.data_dir)
   staging = storage.temp_path(path) if remote and beam_options else None
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
@@ -106,8 +96,6 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
             validation_fraction=data.validation_fraction, seed=data.seed, num_workers=data.num_workers,
             identity=identity, settings=prepared.settings(data)),
         data_dir=staging or (local if remote else data.data_dir))
-    # No half-written dataset, nor a killed run's: TFDS deletes a failed build, `writing` a killed local one's; a killed
-    # launch's gs:// staging directory, never read, is left.
     with _removed(staging) if staging else pretraining.writing(os.fspath(builder.data_path)):
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
                                    download_config=tfds.download.DownloadConfig(
@@ -122,8 +110,7 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
 
 
 def _problems(dataset: str, whole: bool) -> list[str]:
-  """What is wrong with the shards of a dataset prepared with the same inputs: their sizes against metadata.json (a
-  stat each: every electra-prepare checks them), or, `whole`, their every byte and record (electra-check's reading)."""
+  """What is wrong with a prepared dataset's shards: their sizes against metadata.json, or, `whole`, every byte."""
   if whole:
     from electra_jax.data import check  # pylint: disable=g-import-not-at-top  (jax: only here)
     return [problem.removesuffix(f": {integrity.REPAIR}") for problem in check.verify(dataset)[0]]

@@ -1,18 +1,11 @@
 """electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
-transform, run by any Beam runner: DirectRunner on this host's cores, or a cluster's (Dataflow's), whose workers see
-Cloud Storage but not this host's disk.
+transform, run by any Beam runner (DirectRunner on this host's cores, or a cluster's, whose workers see Cloud Storage
+but not this host's disk).
 
-The launching host lists the corpus's parts (files, TFDS shards: corpus.Corpus.parts) and trains the tokenizer on a
-bounded sample, as the single-host path does; the workers read the parts, each only its own, then split sentences,
-tokenize and pack each document; TFDS's Beam writer shuffles the examples and writes the shards. A document's corpus
-index, which fixes its split and its packing randomness, is its part's offset (a first pass counts each part's
-documents) plus its place in the part, so the examples, their keys and hence the dataset are the single-host path's
-(pretraining.keyed_examples). The per-split stats of metadata.json are summed in the pipeline too.
-
-TFDS's Beam writer writes each shard on a worker, through the builder's example writer (_ShardWriter), into the
-dataset's directory: a local one, or on gs:// (build.py). ArrayRecord's writer takes local paths only, so the worker
-writes the shard to a local file, records its size and CRC-32 beside the shard, and copies it there; the launcher
-gathers those records into metadata.json (integrity.py) without reading a shard back.
+The workers read the corpus's parts, each only its own, and tokenize and pack each document. A document's corpus index
+is its part's offset (a first pass counts each part's documents) plus its place in the part, so the dataset is the
+single-host path's. Each worker writes its shards locally (ArrayRecord's writer takes local paths only), records their
+sizes and CRC-32s beside them and copies them into place; the launcher gathers those records into metadata.json.
 """
 import json
 import os
@@ -39,10 +32,9 @@ _DATA_ERROR = f"{corpus_lib.DataError.__module__}.{corpus_lib.DataError.__name__
 
 
 def options(text: str, data) -> pipeline_options.PipelineOptions:
-  """--beam_pipeline_options's "name=value,..." (the form of TFDS's own flag) as Beam's options. A runner or an option
-  Beam does not know is a one-line ValueError (Beam itself would drop an unknown option with a warning), and so is a
-  runner on other machines given a local data.data_dir or data.text_files (`data`: the config's), which its workers
-  cannot see."""
+  """--beam_pipeline_options's "name=value,..." as Beam's options. An unknown runner or option is a one-line ValueError
+  (Beam would drop an unknown option with a warning), and so is a runner on other machines given a local
+  data.data_dir or data.text_files (`data`: the config's), which its workers cannot see."""
   flags = [f"--{item.strip()}" for item in text.split(",") if item.strip()]
   parsed = pipeline_options.PipelineOptions(flags)
   known = parsed.get_all_options(retain_unknown_options=False)
@@ -69,8 +61,8 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
   name = pretraining.ElectraPretraining.name
 
   def download_and_prepare(self, **kwargs):
-    """ElectraPretraining's, with bad data in a worker (an empty file, say) the single-host path's one-line DataError:
-    Beam raises it with the stage's name added, or, from a worker process, as a RuntimeError holding its traceback."""
+    """ElectraPretraining's, with bad data in a worker the single-host path's one-line DataError (Beam adds the
+    stage's name, or from a worker process raises a RuntimeError holding its traceback)."""
     try:
       super().download_and_prepare(**kwargs)
     except (corpus_lib.DataError, RuntimeError) as e:
@@ -130,10 +122,8 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
 
 
 class _ShardWriter(pretraining.ExampleWriter):
-  """Writes a shard, on a Beam worker, where TFDS's Beam writer asks (BeamWriter._write_final_shard: `path`, a
-  temporary name in the dataset's directory, local or gs://, which TFDS renames to the shard's name with every file
-  sharing its prefix once this returns): ArrayRecord's writer writes a local file, whose size and CRC-32 go beside the
-  shard (path + _RECORD, renamed with it), and a gs:// `path` gets a copy."""
+  """Writes a shard on a Beam worker at `path` (a temporary name, local or gs://, that TFDS renames with every file
+  sharing its prefix): written locally, its size and CRC-32 beside it (path + _RECORD), a gs:// `path` given a copy."""
 
   def write(self, path, examples):
     storage.initialize()  # gs:// through the launcher's client (and emulator, in tests), as Corpus's readers

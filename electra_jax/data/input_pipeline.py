@@ -1,12 +1,9 @@
 """Per-host input: this host's rows of each global batch of the prepared dataset (shuffled, repeated, prefetched),
 and `to_global`, the one place where host numpy becomes global jax arrays.
 
-The dataset is array_record, read by random access (ArrayRecord's reader) with no TensorFlow in the process. Global
-batch b is a pure function of (seed, b), and a host reads only its rows of it, which lie in its share of the
-shards when the shards allow (TrainIterator), so the iterator's whole state is {"step": b}, restoring is O(1), a
-resumed run sees bit-identical batches on any number of hosts, and a host fetches from gs:// only the shards it
-reads. (A tf.data
-iterator checkpoint stores its shuffle buffer; `skip` re-reads the stream: see docs/data.md for the measurements.)
+The dataset is array_record, read by index with no TensorFlow in the process. Global batch b is a pure function of
+(seed, b), so the iterator's whole state is {"step": b}, a resumed run sees bit-identical batches on any number of
+hosts, and a host fetches from gs:// only the shards it reads (docs/data.md, "The input pipeline and exact resume").
 """
 import collections
 import concurrent.futures
@@ -36,12 +33,9 @@ FEATURES = ("input_ids", "segment_ids")
 
 
 class Reader:
-  """Examples of one split by index, read a batch at a time through ArrayRecord's own reader (one per shard, no
-  read-ahead: random access) and decoded without TensorFlow: the records are tf.train.Example protos, decoded with
-  numpy (records.Decoder) or, laid out otherwise, parsed with the proto module TFDS ships. (TFDS's data source costs
-  as much again in per-batch key bookkeeping, its decoded reads ~2x more.) A shard is opened when first read; of a
-  gs:// dataset it is fetched then, into a local copy (ArrayRecord's reader takes local paths only), so a host
-  fetches only the shards it reads."""
+  """Examples of one split by index, read a batch at a time through ArrayRecord's reader and decoded without
+  TensorFlow (records.py). A shard is opened when first read; of a gs:// dataset it is fetched then, into a local
+  copy (ArrayRecord's reader takes local paths only)."""
 
   def __init__(self, dataset_dir: str, split: str = "train", fail_fast: bool = True):
     """fail_fast: raise integrity.Damaged for the first shard whose size is not the recorded one; else list them in
@@ -101,8 +95,8 @@ class Reader:
       return self._shards[s]
 
   def _damaged(self, s: int, what) -> integrity.Damaged:
-    """The one-line error for shard `s`, saying what broke the read (the file cut short or deleted since the reader
-    opened it, when it was); this host's copy of a gs:// shard is deleted, so that a rerun fetches it."""
+    """The one-line error for shard `s`, saying what broke the read; this host's copy of a gs:// shard is deleted, so
+    that a rerun fetches it."""
     try:
       size = os.path.getsize(self.path(self._files[s]))
     except OSError:
@@ -115,8 +109,7 @@ class Reader:
     return integrity.damaged(self._files[s], self.dataset_dir, what, local_copy=self.path(self._files[s]))
 
   def verify(self, s: int, batch: int = 4096):
-    """Checks shard `s` whole, raising integrity.Damaged: its size and CRC-32 against metadata.json, its record count
-    against the dataset's description, and every record (ArrayRecord checks each chunk's hash as it reads it)."""
+    """Checks shard `s` whole (size, CRC-32, record count, every chunk's hash), raising integrity.Damaged."""
     if s in self.size_problems:
       raise self.size_problems[s]
     if not self._copy and (problem := integrity.crc_problem(self.expected.get(self._files[s]),
@@ -146,8 +139,7 @@ class Reader:
 
   def parse(self, records: list[bytes]) -> dict[str, np.ndarray]:
     """The examples `records`, decoded with numpy where they are laid out as electra-prepare writes them, else
-    parsed with protobuf, which holds the GIL: data prepared before 2026-11-28 may be (then said once, with the
-    remedy, and only protobuf parses this dataset's records from then on)."""
+    parsed with protobuf (said once, with the remedy; protobuf parses this dataset's records from then on)."""
     if self._decode and (batch := self._decode(records)) is not None:
       return batch
     batch = records_lib.parse(records, FEATURES, self.seq_len)
@@ -160,8 +152,8 @@ class Reader:
     return batch
 
   def _unparsable(self, records: list[bytes], shards: np.ndarray) -> integrity.Damaged | None:
-    """The error for the first of `records` that is not one of this dataset's examples. ArrayRecord reads a shard
-    cut short after it was opened (while a run reads it) without an error, as empty records."""
+    """The error for the first of `records` that is not one of this dataset's examples (ArrayRecord reads a shard cut
+    short after it was opened as empty records)."""
     for s, record in zip(shards, records):
       try:
         feature = tf_example_generated_pb2.Example.FromString(record).features.feature
@@ -178,15 +170,10 @@ class Reader:
 class TrainIterator:
   """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len].
 
-  The split's shards are grouped into G lanes of consecutive shards (G = gcd(shards, batch size): one lane when the
-  dataset has a single shard), and each global batch into G equal runs of rows, run l read from lane l: its rows are
-  positions [b·R, (b+1)·R) (R = B/G) of a stream that runs through lane l epoch after epoch, each epoch in its own
-  seeded permutation, cut to the shortest lane's length so that all lanes start their epochs together (TFDS's
-  shards of a split differ by at most one example: an epoch of a longer lane leaves out one, another each epoch).
-  Host i of n reads rows [i·B/n, (i+1)·B/n) of each global batch: when n divides G, those are the rows of its own G/n
-  lanes, so it reads (and, from gs://, fetches) only their shards, 1/n of the data. The global batches do not depend
-  on the number of hosts (a run on 2 hosts sees the data of a run on 1, and a run can resume on another topology
-  without losing its place), no epoch reads an example twice, and the whole state is {"step": b}.
+  The split's shards are grouped into G = gcd(shards, batch size) lanes of consecutive shards, and each global batch
+  into G runs of rows, run l read from lane l: a stream through the lane epoch after epoch, each epoch a seeded
+  permutation cut to the shortest lane's length. Host i of n reads rows [i·B/n, (i+1)·B/n), which lie in its own lanes
+  when n divides G. The global batches do not depend on the number of hosts, and the whole state is {"step": b}.
   """
 
   def __init__(self, reader: Reader, global_batch_size: int, seed: int, process_index: int, process_count: int,
@@ -297,8 +284,7 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
                        num_batches: int | None = None, reader: Reader | None = None
                        ) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default
-  train.eval_batches; 0 = all full batches), the same number on every host. `reader`: the validation split's, kept
-  by a caller that evaluates again and again (its shards stay open; from gs://, fetched once)."""
+  train.eval_batches; 0 = all full batches), the same number on every host. `reader`: one kept open across calls."""
   index, count = _hosts(process_index, process_count)
   per_host = _per_host(config.train.batch_size, count)
   reader = reader or Reader(prepared.dataset_dir, "validation")
@@ -310,14 +296,10 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
 
 
 class OnDevice:
-  """The next `depth` batches of `batches` (host numpy) placed on the devices ahead of time, by one thread in order,
-  so that a step never waits on its batch's copy to the devices; with `steps` > 1, `steps` batches at a time, stacked
-  on a leading axis (`sharding` lays out the stack: a dispatch of that many steps). get_state() is `batches`' position
-  after the last batch handed out (recorded with each batch; `batches` runs `depth` ahead).
-
-  stable: each batch handed out in the same device buffers (written over them by `_write_into`, a copy on the
-  devices), so that a GPU step's command buffer finds its input where it was; the batch handed out before is then
-  deleted."""
+  """The next `depth` batches of `batches` placed on the devices ahead of time by one thread, `steps` of them stacked
+  a time (a dispatch of that many steps). get_state() is `batches`' position after the last batch handed out.
+  stable: each batch handed out in the same device buffers (a GPU step's command buffer finds its input where it
+  was); the batch handed out before is then deleted."""
 
   def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2,
                steps: int = 1, stable: bool = False):
@@ -356,8 +338,7 @@ class OnDevice:
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _write_into(slot: dict[str, jax.Array], batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """`batch` written over `slot` (donated; arrays of the same shapes and shardings): the result lies in slot's
-  buffers. An update in place does it; XLA hands back the batch's own buffers for an identity or a copy."""
+  """`batch` written over `slot` (donated) in place: XLA would hand back the batch's own buffers for a copy."""
   return jax.tree.map(lambda s, b: jax.lax.dynamic_update_slice(s, b, (0,) * b.ndim), slot, batch)
 
 

@@ -1,11 +1,7 @@
 """The TFDS dataset of packed pre-training examples: features input_ids and segment_ids (int32 [seq_len], 0-padded),
 splits train and validation (whole documents held out: every ~1/validation_fraction-th one, the first included).
-
-The config name (data/prepared.py's `config_name`) is a hash of everything that determines the examples (corpus
-settings, tokenizer, seq_len, split, seed), so another input gets another directory and the same input is found
-prepared. TFDS writes into a temporary directory and renames it when complete, so a failed run leaves nothing
-half-written (`writing`: and a killed one's temporary goes at the next run); readers take a dataset only once its
-dataset_info.json is there.
+The config name (prepared.config_name) hashes everything that determines the examples, so the same input is found
+prepared. TFDS writes into a temporary directory and renames it when complete: a failed run leaves nothing.
 """
 import contextlib
 import dataclasses
@@ -43,12 +39,8 @@ class PretrainingConfig(tfds.core.BuilderConfig):
 
 @contextlib.contextmanager
 def writing(dataset_dir: str):
-  """Around TFDS's download_and_prepare into the local `dataset_dir` (<data_dir>/NAME/<config>/<version>).
-
-  TFDS writes <config>/incomplete.XXXXXX_<version>/ and renames it when complete, deleting it on an error; a killed
-  run leaves it, and its name says not whose. So each build marks itself beside the dataset (storage.temp_path, which
-  names this process), and the incomplete.* there are deleted only when no live build's mark is (remove_leftovers
-  drops the dead ones'). Running out of space is one OSError naming the dataset."""
+  """Around TFDS's download_and_prepare into the local `dataset_dir`: a killed build's incomplete.* directories are
+  deleted unless a live build's mark (storage.temp_path) is beside them; running out of space is one OSError."""
   parent, name = os.path.split(dataset_dir)
   os.makedirs(parent, exist_ok=True)
   storage.remove_leftovers(dataset_dir)
@@ -75,10 +67,8 @@ def writing(dataset_dir: str):
 
 
 def num_shards(total_bytes: int, num_examples: int) -> int:
-  """A split's shard count when data.num_shards is 0: the most shards, a power of two, of at least MIN_SHARD_BYTES
-  each (at most MAX_SHARDS, and one example each), or TFDS's size-based count (64 MiB to 1 GiB each) where that is
-  more. A power of two, so that its gcd with a power-of-two batch size, the number of lanes (input_pipeline.lanes),
-  lets a pod's hosts each fetch only their share; a split under 32 MiB stays one shard, as TFDS writes it."""
+  """A split's shard count when data.num_shards is 0: the most shards, a power of two (so that a pod's hosts each
+  fetch only their lanes), of at least MIN_SHARD_BYTES each, up to MAX_SHARDS, or TFDS's own count where more."""
   count = 1
   while 2 * count <= min(total_bytes // MIN_SHARD_BYTES, num_examples, MAX_SHARDS):
     count *= 2
@@ -101,9 +91,8 @@ class _Download(tfds.download.DownloadConfig):
 
 
 class ExampleWriter(tfds.core.ExampleWriter):
-  """TFDS's writer of a shard, with each example's features serialized in a fixed order. Protobuf writes a map's
-  entries in an order that changes from process to process, so the same examples made other bytes at each build,
-  and a rebuilt dataset (electra-prepare --repair) could not be told the same as the first by its CRC-32s."""
+  """TFDS's writer of a shard, with each example's features serialized in a fixed order (protobuf's map order changes
+  from process to process), so a rebuilt dataset has the same bytes and CRC-32s."""
 
   def write(self, path, examples):
     return super().write(path, ((key, records.canonical(example)) for key, example in examples))
@@ -127,16 +116,14 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     super().__init__(config=config, **kwargs)
 
   def download_and_prepare(self, *, download_config: tfds.download.DownloadConfig | None = None, **kwargs):
-    """TFDS's, each split in `num_shards` shards where download_config sets no count (TFDS's own count gives a
-    dataset under 128 MiB one shard: one lane, which every host of a pod would fetch whole)."""
+    """TFDS's, each split in `num_shards` shards where download_config sets no count."""
     config = download_config or tfds.download.DownloadConfig()
     super().download_and_prepare(
         download_config=_Download(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}), **kwargs)
 
   def _download_and_prepare(self, dl_manager, download_config=None):
     super()._download_and_prepare(dl_manager, download_config)
-    # The finished shards' sizes and CRC-32s, into metadata.json (written next, in the same temporary directory):
-    # readers and electra-check find a copy that differs from what was written here.
+    # The finished shards' sizes and CRC-32s, into metadata.json: readers find a copy that differs.
     self.info.metadata.update(files=self._integrity())
 
   def _integrity(self) -> dict:
@@ -178,8 +165,7 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     self.finish(split)
 
   def finish(self, split: str):
-    """Once a split's stats are counted: an empty split is an error; the stats go into metadata.json (TFDS saves it
-    once both splits are written)."""
+    """Once a split's stats are counted: an empty split is an error; the stats go into metadata.json."""
     cfg = self.builder_config
     if not self.stats[split]["examples"]:
       raise corpus_lib.DataError(f"the {split} split is empty: the corpus ({cfg.corpus.description}) is too small "
@@ -187,13 +173,12 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     self.info.metadata.update(identity=cfg.identity, settings=cfg.settings, stats=self.stats)
 
 
-
 def document_stats(doc: packing.PackedDocument) -> dict[str, int]:
   return dict(zip(STATS, (1, doc.lines, doc.tokens, doc.truncated, len(doc.input_ids), doc.replaced_bytes)))
 
 
 def keyed_examples(doc: packing.PackedDocument):
-  """A packed document's (key, example)s. TFDS orders a split by its keys' hashes, so keys made of the document index
-  and the example's place in it give the same dataset however the documents were packed (here or on Beam)."""
+  """A packed document's (key, example)s, keyed by the document's index and the example's place in it: TFDS orders a
+  split by its keys' hashes, so the dataset is the same however the documents were packed (here or on Beam)."""
   for j in range(len(doc.input_ids)):
     yield f"{doc.index:010d}-{j:06d}", {"input_ids": doc.input_ids[j], "segment_ids": doc.segment_ids[j]}

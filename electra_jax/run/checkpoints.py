@@ -1,18 +1,11 @@
-"""Orbax checkpoints: a training workdir's (pre-training or fine-tuning), and bare parameter trees (a params-only
-export).
+"""Orbax checkpoints: a training workdir's, and bare parameter trees (a params-only export).
 
-<workdir>/checkpoints/<step>/ holds one composite item: `state` (TrainState: step, params, optimiser state), `data`
-(the loop's own JSON payload, e.g. pre-training's input position, and the tokenizer's fingerprint), `rng` (the step
-rng's key data), `config` and `checksums` (of every state array's global value: checksums()). Saves are asynchronous and
-atomic: Orbax writes <step>.orbax-checkpoint-tmp-* and renames it once complete (on gs://, where a directory cannot
-be renamed, it writes <step>/ and then <step>/commit_success.txt, without which a step does not count), so a kill at
-any moment leaves the earlier checkpoints intact; the next start deletes the leftovers, and a failed save deletes its
-own. Every path may be local or gs:// (storage.py); on gs://, a save that fails while the store stumbles is saved
-again (Checkpointer._retry).
-Restoring places every array with the current mesh's shardings, so a run resumes on another device count, and checks
-the checksums: a corrupt or unreadable checkpoint is passed over for the newest intact one, never deleted.
-
-weights.py reads both kinds to start export and fine-tuning; workdir.py keeps a workdir one run's.
+<workdir>/checkpoints/<step>/ holds `state` (the TrainState), `data` (the loop's JSON payload and the tokenizer's
+fingerprint), `rng`, `config` and `checksums` (checksums()). Saves are asynchronous and atomic (a step counts once
+Orbax has renamed it into place, or on gs:// written its commit_success.txt), so a kill leaves the earlier checkpoints
+intact; on gs://, a save that fails while the store stumbles is saved again. Restoring places every array with the
+current mesh's shardings and checks the checksums: a corrupt checkpoint is passed over for the newest intact one,
+never deleted (docs/reliability.md, "Checkpoints").
 """
 import contextlib
 import json
@@ -35,9 +28,8 @@ from electra_jax.data import prepared
 from electra_jax.parallel import sharding
 from electra_jax.runtime import outage, storage
 
-# Each host writes whole arrays: Orbax's default (replica-parallel) slices every replicated array into one piece per
-# replica, one dispatched op each; for ELECTRA's hundreds of small arrays that was most of a save's time (a second per
-# save on 8 CPU devices), for no gain at our sizes (an encoder's state is at most a few GB).
+# Each host writes whole arrays: Orbax's default slices every replicated array into a piece per replica, one
+# dispatched op each, which for hundreds of small arrays costs more than it saves at an encoder's sizes.
 ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
                                         override=True)
 
@@ -78,9 +70,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None,
                read_only: bool = False):
-    """`workdir`: an absolute path (a run's plan and a sources.Source hold one), as Orbax wants. read_only: a
-    reader's (export, init_from), which may read a live run's workdir: it deletes nothing, not even the unfinished
-    <step>.orbax-checkpoint-tmp* that the run is writing (only the lock holder cleans those)."""
+    """`workdir`: an absolute path, as Orbax wants. read_only: a reader's (export, init_from), which may read a live
+    run's workdir, so it deletes nothing."""
     self.config = config
     self.directory = os.path.join(workdir, "checkpoints")
     self.last_saved = None
@@ -156,12 +147,9 @@ class Checkpointer:
     return saved
 
   def _retry(self, e: Exception) -> bool:
-    """Whether to save again after the failed save `e`, and if so readies it: on gs://, where a save fails when the
-    store stumbles for a moment (an outage shorter than outage.py's bound, a lost upload session), a single-process
-    run waits for the store to answer, opens a new manager (which deletes what the failed save left: on gs://, a
-    <step>/ without its commit_success.txt, never read as a checkpoint) and saves again, RETRIES times in a row at
-    most. A store that stays silent ends the run in outage.py's line meanwhile; several processes would have to
-    agree on a retry, so there a failed save ends the run as before."""
+    """Whether to save again after the failed save `e`, and if so readies it: on gs://, a single-process run waits
+    for the store to answer and opens a new manager (which deletes the failed save's leftovers), RETRIES times in a
+    row at most. Several processes would have to agree on a retry: there a failed save ends the run."""
     if not storage.is_remote(self.directory) or jax.process_count() > 1 or self._retries >= RETRIES:
       return False
     self._retries += 1
@@ -176,13 +164,11 @@ class Checkpointer:
     return True
 
   def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
-    """The checkpoint at `step`, its arrays placed with the shardings of `abstract_state` (the current mesh) and
-    checked against their checksums; a dict names a part of the state ({"params": ...}): only that part is read;
-    None: the whole state as saved (nested dicts), whole on every device. Default step: the newest intact checkpoint,
-    after a one-line warning for each newer corrupt or unreadable one (renamed to <step>.corrupt if
-    `set_aside_corrupt`, so that the run can save that step again; never deleted). Raises a one-line ValueError when
-    none is intact, or when a checkpoint cannot continue this run's model or tokenizer; FileNotFoundError when there
-    is no checkpoint at all."""
+    """The checkpoint at `step` (default: the newest intact one, after a warning for each newer corrupt one, renamed
+    to <step>.corrupt if `set_aside_corrupt`), placed with `abstract_state`'s shardings and checked against its
+    checksums. A dict names the part of the state to read; None reads the whole state as saved, whole on every
+    device. A one-line ValueError when none is intact or one cannot continue this run's model or tokenizer;
+    FileNotFoundError when there is none."""
     if step is not None:
       return self._restore(abstract_state, step)
     if not self._manager.all_steps():
@@ -280,8 +266,7 @@ class Checkpointer:
         raise error from e
 
   def _wait(self):
-    """Waits for the pending save. The loop's last save is of its last step, so that state is still at hand (no step
-    has donated its buffers since): when that save failed while the store stumbled, it is saved again (`_retry`)."""
+    """Waits for the pending save; saves it again (`_retry`) where it failed and its state is still at hand."""
     try:
       self._manager.wait_until_finished()
       self._retries = 0
@@ -293,8 +278,7 @@ class Checkpointer:
       self._wait()
 
   def _save_failed(self, e: Exception) -> OSError:
-    """The one-line error of a failed save, once its temporary directories are gone: nothing half-written remains,
-    whichever thread (the step loop's save, Orbax's background commit, close) saw the failure first."""
+    """The one-line error of a failed save, once its temporary directories are gone, whichever thread saw it first."""
     if self._failure is None:
       space = ""
       if storage.disk_full(e) and not storage.is_remote(self.directory):
@@ -312,9 +296,8 @@ class Checkpointer:
 
 
 def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None = None):
-  """An OtherModelError naming the first array where `saved_tree` and `wanted_tree` differ in shape (Orbax's error
-  would name one array deep in a traceback); a ValueError naming train.flat_update where only the optimiser state's
-  layout differs."""
+  """An OtherModelError naming the first array where `saved_tree` and `wanted_tree` differ in shape; a ValueError naming
+  train.flat_update (or mesh.fsdp) where only the optimiser state's layout differs."""
   saved, wanted = _shapes(saved_tree), _shapes(wanted_tree)
   if saved != wanted:
     differ = sorted(set(saved.items()) ^ set(wanted.items()))
@@ -333,8 +316,7 @@ def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None =
 
 
 def as_saved(tree_metadata):
-  """Orbax's metadata of a saved tree as its ShapeDtypeStructs, whole on every device: a reader's default target (the
-  mesh a run was trained on may not fit this host)."""
+  """Orbax's metadata of a saved tree as its ShapeDtypeStructs, whole on every device: a reader's default target."""
   replicated = sharding.replicated(sharding.create_mesh(-1, 1))
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated), tree_metadata)
 
@@ -344,8 +326,8 @@ def _donated(state) -> bool:
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):
-  """Deletes <step>.orbax-checkpoint-tmp* under `directory`. Orbax stops at the first failed write, but TensorStore
-  finishes the writes already started, which can re-create files there: delete until none appears for `quiet_s`."""
+  """Deletes <step>.orbax-checkpoint-tmp* under `directory` until none appears for `quiet_s` (TensorStore finishes
+  writes already started after Orbax stops)."""
   quiet_since = start = time.monotonic()
   while time.monotonic() - quiet_since < quiet_s and time.monotonic() - start < limit_s:
     for tmp in epath.Path(directory).glob("*.orbax-checkpoint-tmp*"):
@@ -401,17 +383,15 @@ CHECKSUM = "sum32"  # the kind of checksums() a checkpoint holds; older ones hol
 
 
 def checksums(tree) -> dict:
-  """{"kind": CHECKSUM, "arrays": {name: checksum}}: of each array, the sum of its 32-bit words (narrower ones
-  widened), each times an odd multiplier of its place, modulo 2^32. A change of any one word changes it; it is the
-  same on any mesh, and it is computed where the arrays live, one reduction each summed across the devices, so a
-  save copies nothing to the host and costs the same on one device as on a pod."""
+  """{"kind": CHECKSUM, "arrays": {name: checksum}}: of each array, the sum of its 32-bit words each times an odd
+  multiplier of its place, modulo 2^32. A change of any one word changes it; it is the same on any mesh and computed
+  where the arrays live, so a save copies nothing to the host."""
   names, leaves = zip(*_named_leaves(tree)) if jax.tree.leaves(tree) else ((), ())
   return dict(kind=CHECKSUM, arrays=dict(zip(names, map(int, jax.device_get(_sums(list(leaves)))))))
 
 
 class _Ahead:
-  """A jitted function of a list of arrays that can be compiled ahead for the lists' shapes and shardings (a run's
-  state: compile_checks), so that the first call with them does not compile on the spot."""
+  """A jitted function of a list of arrays, compiled ahead for a run's state (compile_checks)."""
 
   def __init__(self, fn):
     self._jit, self._compiled = jax.jit(fn), {}
@@ -428,8 +408,7 @@ def _key(leaves: list) -> tuple:
 
 
 def compile_checks(abstract_state):
-  """Compiles each save's checks of a state of `abstract_state`'s shapes and shardings (ShapeDtypeStructs):
-  checksums() and non_finite(), which would otherwise compile at the first save (seconds for a GPU)."""
+  """Compiles checksums() and non_finite() for `abstract_state` ahead, rather than at the first save."""
   _sums.compile([x for _, x in _named_leaves(abstract_state)])
   _all_finite.compile([x for _, x in _named_leaves(abstract_state) if jnp.issubdtype(x.dtype, jnp.inexact)])
 
@@ -452,8 +431,7 @@ def _sum32(x: jax.Array) -> jax.Array:
 
 
 def non_finite(tree) -> list[str]:
-  """The names of `tree`'s floating-point arrays that hold a NaN or Inf: one flag per array, computed where it lives
-  and fetched together."""
+  """The names of `tree`'s floating-point arrays that hold a NaN or Inf, computed where each lives."""
   named = [(name, x) for name, x in _named_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
   flags = jax.device_get(_all_finite([x for _, x in named])) if named else []
   return [name for (name, _), finite in zip(named, flags) if not finite]
@@ -471,10 +449,8 @@ def _crc32s(tree) -> dict:
 
 
 def latest_step(workdir: str) -> int | None:
-  """The newest complete step workdir/checkpoints holds, or None: an unfinished save is none (locally still named
-  <step>.orbax-checkpoint-tmp*; on gs:// a <step>/ without its commit_success.txt, as a save cut off by a lost store
-  leaves it). Read before any CheckpointManager exists: one that is closed just before an error exit can leave
-  Orbax's signalling thread printing a traceback at interpreter shutdown."""
+  """The newest complete step workdir/checkpoints holds, or None, read without a CheckpointManager (one closed just
+  before an error exit can leave Orbax's thread printing a traceback at shutdown)."""
   return max(ocp.path.step.checkpoint_steps(epath.Path(storage.absolute(workdir)) / "checkpoints"), default=None)
 
 
@@ -495,8 +471,8 @@ def save_params(directory: str, params):
 
 
 def restore_params(directory: str, abstract_params=None):
-  """save_params' tree at the absolute path `directory` (a sources.Source's), placed per `abstract_params`'
-  shardings (an OtherModelError where it has other shapes); None: as saved, whole on every device."""
+  """save_params' tree at the absolute path `directory`, placed per `abstract_params`' shardings (an OtherModelError
+  where it has other shapes); None: as saved, whole on every device."""
   with ocp.StandardCheckpointer() as ckptr:
     saved = ckptr.metadata(directory).item_metadata.tree
     if abstract_params is None:

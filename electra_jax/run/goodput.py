@@ -1,8 +1,5 @@
-"""Where a training run's wall time goes, as pod-scale trainers report it: startup (data, model, init) or, when the
-run resumed from a checkpoint, restart; the first step's compilation; waiting for input; steps; evaluation (and
-logging); checkpointing; the rest. Goodput is the share spent on steps. Written into metrics.jsonl (time_*_s,
-goodput) and printed at the end of each run, with the total over every session of the workdir; and a profiler trace
-of a few steps, for the detail."""
+"""Where a training run's wall time goes (PHASES; goodput is the share spent on steps), written into metrics.jsonl and
+printed at the end of each run with the total over the workdir's sessions; and a profiler trace of a few steps."""
 import contextlib
 import json
 import time
@@ -78,9 +75,8 @@ class Profile:
 
   @contextlib.contextmanager
   def step(self, step: int, state: Callable[[], Any]):
-    """Times the dispatch that ends at step `step` in the trace (starting it at `start` or the first after), so the
-    profile plugin's overview gives step times; at `end` or the first after, waits for `state()` (the state the step
-    made) before the trace stops, so that it holds the steps' device work, not just their dispatch."""
+    """Annotates the dispatch that ends at `step` in the trace (started at `start` or the first step after); at `end`
+    waits for `state()` before stopping, so the trace holds the steps' device work, not just their dispatch."""
     if not self.traced and self.start <= step and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
       self.active = self.traced = True

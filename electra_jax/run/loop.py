@@ -1,7 +1,5 @@
-"""The training loop pre-training (pretrain/loop.py) and fine-tuning (finetune/loop.py) share: its config check, the
-progress bar, the preemption watcher, the NaN/Inf guard, checkpoints, the "Stopped by" message and closing its
-resources. A loop brings what is its own as a `Body`: its batches, what it does after a step (log, evaluate), what its
-checkpoints carry."""
+"""The training loop pre-training and fine-tuning share: progress bar, preemption, the NaN/Inf guard, checkpoints and
+closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its checkpoints carry."""
 import collections
 import gc
 import statistics
@@ -23,13 +21,10 @@ SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured ag
 
 
 class Guard:
-  """Watches each step's fetched loss, gradient norm and `skipped` flag (state.apply_gradients: a step whose loss or
-  gradient norm is not finite is not applied), and the state before each save. Warns of each step not applied and
-  stops the run (FloatingPointError, one line naming the step and the checkpoint kept) at train.max_bad_steps of
-  them in a row, or at once where a save finds weights an update made non-finite; warns of a loss above
-  train.spike_factor times the median of the last SPIKE_WINDOW applied steps' (a sign of weights diverging before
-  they overflow), and stops there too under train.stop_on_spike. Nothing is saved after the step that stops the
-  run, so every checkpoint holds a state checked finite."""
+  """Watches each step's loss, gradient norm and `skipped` flag, and the state before each save: stops the run in one
+  line (FloatingPointError) at train.max_bad_steps steps not applied in a row or at non-finite weights, and warns of
+  (under train.stop_on_spike, stops at) a loss above train.spike_factor times the recent median. Nothing is saved
+  after the step that stops the run, so every checkpoint holds a state checked finite."""
 
   def __init__(self, ckpt: checkpoints.Checkpointer, max_bad_steps: int, spike_factor: float = 0.0,
                stop_on_spike: bool = False):
@@ -59,9 +54,8 @@ class Guard:
       logging.warning("%s", spike)
 
   def check_state(self, step: int, state: TrainState):
-    """Before `state` (that of step `step`) is saved: its values must be finite. An update whose loss and gradient
-    were finite can still overflow the weights (a learning rate beyond float32); the next steps then skip, but the
-    weights stay as they are."""
+    """Before `state` (that of step `step`) is saved: its values must be finite (an update of finite loss and
+    gradient can still overflow the weights)."""
     bad = checkpoints.non_finite(state)
     if bad:
       raise FloatingPointError(self._stopped(
@@ -85,10 +79,8 @@ class Guard:
 
 
 class InFlight:
-  """The dispatches whose metrics are still on the device. Fetching each one's at once would stall the device: the
-  host reads a dispatch's metrics two dispatches late, so that the next ones are queued while it waits (multi-process
-  CPU needs the sync at some depth). A dispatch of k steps (train.steps_per_dispatch) returns each metric stacked, a
-  value per step: the guard sees every step."""
+  """The dispatches whose metrics are still on the device, read two dispatches late so that the next ones are queued
+  while the host waits. A dispatch of k steps returns each metric stacked: the guard sees every step."""
 
   def __init__(self, guard: Guard):
     self._guard = guard
@@ -96,11 +88,9 @@ class InFlight:
 
   def push(self, step: int, steps: int, step_metrics: dict, log: bool, fetch_all: bool
            ) -> list[tuple[int, list[float], dict | None]]:
-    """Adds a dispatch of `steps` steps ending at `step` (`log`: its row is written once fetched); fetches the
-    pending dispatches but the newest two (all of them if `fetch_all`: before the state is evaluated or saved), has
-    the guard check every step. Returns, in step order, (step, the losses of the steps applied up to it since the
-    previous entry, the last step's metrics as floats where it logs, else None): an entry for each fetched log step
-    and one for the rest."""
+    """Adds a dispatch of `steps` steps ending at `step`; fetches the pending ones but the newest two (all if
+    `fetch_all`: before an evaluation or save) and has the guard check each step. Returns, in step order, (step, the
+    applied losses since the previous entry, the metrics as floats where `log`, else None)."""
     self._pending.append((step, steps, step_metrics, log))
     keep = 0 if fetch_all else 2
     done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
@@ -131,12 +121,9 @@ class Body(Protocol):
 
   def after_step(self, step: int, state: TrainState | None, step_metrics: dict | None, losses: list[float],
                  log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
-    """Logs (to `writer`, the run's) and evaluates as the step asks. `losses`: those of the steps fetched since the
-    last call and applied, every one finite; all of them up to `step` when it logs or evaluates. `step_metrics`: the
-    step's metrics as floats where it logs or evaluates, else None. A log step's call comes once its metrics are
-    fetched, a dispatch or two later (so that logging never drains the device's queue): `state` is then None, the
-    state having moved on; an evaluation's comes at once, with its state. Returns the progress bar's postfix, if
-    any."""
+    """Logs (to `writer`) and evaluates as the step asks. `losses`: the applied steps' since the last call.
+    `step_metrics`: floats where it logs or evaluates, else None. A log step's call comes a dispatch or two late, with
+    `state` None; an evaluation's at once, with its state. Returns the progress bar's postfix, if any."""
 
   def extra(self) -> dict:
     """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
@@ -148,18 +135,12 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
         done: Callable[[], bool] = lambda: False, profile_steps: int = 0, peer_timeout_s: float = 0,
         max_bad_steps: int = 1, spike_factor: float = 0.0, stop_on_spike: bool = False,
         steps_per_dispatch: int = 1) -> tuple[TrainState, bool]:
-  """Steps `state` (`step_fn(state, batch, rng) -> (state, metrics with loss, grad_norm and skipped)`, as
-  state.apply_gradients; with `steps_per_dispatch` k > 1, k steps a call on k stacked batches, metrics stacked) to
-  `num_steps`: logging every `log_every` steps, evaluating every `eval_every`, both at the end; saving (never over
-  another writer's checkpoints) every train.checkpoint_every steps (ckpt's), at the end and when SIGTERM/SIGINT stops
-  the run (all of them, the start and num_steps multiples of k: config.check_counts). Stops in one line after
-  `max_bad_steps` steps not applied in a row or before saving a state that is not finite, and warns of (or, with
-  `stop_on_spike`, stops at) a loss above `spike_factor` times its recent median (Guard). Ends early (saved, as at
-  num_steps) once `done()` says so after a step, and takes no step when it says so at the start. Times each phase on
-  `clock` (goodput.py) and writes the split to `writer` at the end; traces `profile_steps` steps after the first
-  (compiling) dispatch into the workdir's tensorboard/ for TensorBoard's profile plugin. With several processes, ends
-  this one in one line once another has given no sign of life for `peer_timeout_s` (peers.py; 0: never). Closes the
-  bar, `closers`, the checkpointer and the writer however it ends. Returns (state, whether a signal stopped it)."""
+  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (k = `steps_per_dispatch` steps a call on
+  stacked batches) to `num_steps`: logs every `log_every` steps, evaluates every `eval_every`, both at the end; saves
+  at ckpt's interval, at the end and when SIGTERM/SIGINT stops the run; guards against non-finite steps and loss
+  spikes (Guard); ends early, saved, once `done()` says so. Times each phase on `clock`, profiles `profile_steps`
+  steps after the compiling one, watches the other processes (peers.py) and closes the bar, `closers`, the
+  checkpointer and the writer however it ends. Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
@@ -224,9 +205,8 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, des
 
 
 def collect(started: bool, scheduled: bool):
-  """Python's garbage collector on the loop's schedule, not at any allocation: once the first step has compiled,
-  everything built so far is frozen out of its passes and automatic collection stops; a log step collects. (A pass
-  over a long-running process's objects, taken mid-step, stalls the dispatch of the next one.)"""
+  """Python's garbage collector on the loop's schedule (a pass taken mid-step stalls the next dispatch): after the
+  first step, what exists is frozen and automatic collection stops; a log step collects."""
   if started:
     gc.collect()
     gc.freeze()
@@ -236,9 +216,7 @@ def collect(started: bool, scheduled: bool):
 
 
 def close_all(closers: Sequence[Callable[[], object]]):
-  """Closes a loop's resources (progress bar, writers, checkpointer) from a `finally:`, however the loop ended. Every
-  closer runs (a checkpointer's close waits for a pending save), and none replaces the loop's own error: a closer's
-  error is raised only when the loop had none, and only the first one."""
+  """Runs every closer from a `finally:`; a closer's error is raised only when the loop had none, the first only."""
   error, closing_error = sys.exc_info()[1], None
   for close in closers:
     try:

@@ -1,6 +1,5 @@
 """What a run reports: metrics.jsonl (one JSON object per logged step) and TensorBoard scalars, rewound to the step a
-resumed run starts from, written by a thread of their own so the training loop never waits on a disk or a bucket. Its
-throughput and MFU figures come from flops.py."""
+resumed run starts from, written by a thread of their own so the training loop never waits on a disk or a bucket."""
 import json
 import os
 import queue
@@ -16,8 +15,8 @@ from electra_jax.runtime import storage
 
 
 def _import_tensorboardx():
-  """tensorboardX's event file writer, record writers and protos, imported with torch held off: tensorboardX imports torch where it is
-  installed, only to accept torch tensors (we log floats), and that took 1.5 s of every command's start."""
+  """tensorboardX's writers and protos, imported with torch held off: tensorboardX imports torch where installed, only
+  to accept torch tensors (we log floats), which slows every command's start."""
   hold = "torch" not in sys.modules
   if hold:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
@@ -44,13 +43,10 @@ def _jsonable(v):
 
 
 class Writer:
-  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://).
-  Only process 0 writes; other processes get a no-op writer. `write` only queues the record: a thread of the writer's
-  own appends and flushes both files (an fsync locally, uploads on gs://), and the first error it meets is raised by
-  the next `write` or by `close`, which waits for every queued record. A gs:// object cannot be appended to: there each
-  flush uploads what was written since as an object of its own and Cloud Storage composes the file from the two, so a
-  write costs its own bytes, not the file's (RemoteLog; the event file too, through tensorboardX's writer registry).
-  Opening it for a run resuming at `start_step` drops the records a killed run logged past that step."""
+  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://),
+  on process 0 only. `write` queues the record for the writer's thread; its first error is raised by the next `write`
+  or by `close`, which waits for every queued record. Opened at `start_step`, it drops what a killed run logged past
+  that step."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -111,10 +107,9 @@ class Writer:
 
 
 class RemoteLog:
-  """A file on gs:// that grows by appends, as an open file would (text or, `binary`, bytes): each flush uploads what
-  was written since as an object beside it, and Cloud Storage composes the file from the two (server-side). An object
-  holds at most 1,024 composed parts, so every MAX_PARTS appends the file is uploaded whole once instead: the traffic
-  of a run of n writes grows as n, not n² as rewriting it at each write did."""
+  """A file on gs:// that grows by appends (text or, `binary`, bytes): each flush uploads what was written since as an
+  object beside it, and Cloud Storage composes the file from the two, so the traffic grows with the run, not with its
+  square. An object holds at most 1,024 composed parts: every MAX_PARTS appends the file is uploaded whole instead."""
   MAX_PARTS = 512
 
   def __init__(self, path, binary: bool = False):

@@ -1,11 +1,6 @@
-"""Stopping cleanly: SIGTERM (a spot/preemptible VM's notice) or SIGINT (Ctrl-C) ends the run after the current step,
-which the loop then saves.
-
-One process: a handler notes the signal. Several: JAX's preemption service owns SIGTERM and makes every host agree on
-the step to stop at (`multihost_utils.reached_preemption_sync_point`), so all of them save the same step; Ctrl-C is
-routed through it by re-sending SIGTERM to this process. A second signal while stopping is logged and ignored:
-breaking off the save would lose every step since the last checkpoint (SIGKILL still can; Orbax's temporary directory
-is deleted at the next start).
+"""Stopping cleanly: SIGTERM (a preemption notice) or SIGINT (Ctrl-C) ends the run after the current step, which the
+loop then saves. With several processes JAX's preemption service owns SIGTERM and makes every host stop at the same
+step; Ctrl-C is routed through it. A second signal while stopping is logged and ignored: it would break off the save.
 """
 import os
 import signal

@@ -1,10 +1,6 @@
 """What a command shows its user, set up before its work starts (console.start): no TPU start-up where there is no
-TPU, the project's lines rather than its libraries' chatter, and log lines on lines of their own, never appended to a
-progress bar's.
-
-At the default verbosity a command logs what it does and decides (its own INFO lines and up) and every library's
-warnings and errors but those in CHATTER; libraries' INFO lines are left out. Any --verbosity given (-v=1 shows
-everything) logs every line as absl does.
+TPU, log lines never appended to a progress bar's, and at the default verbosity the project's own lines and the
+libraries' warnings and errors but CHATTER (any --verbosity given logs every line as absl does).
 """
 import glob
 import importlib.util
@@ -35,9 +31,8 @@ def _read(path: str) -> str:
 
 
 def accelerator_attached() -> bool:
-  """Whether this host has a TPU chip or a GPU, from what their drivers create: a TPU VM's /dev/accel* (v2-v4) or
-  VFIO groups (v5e and later), a Google PCI device that is neither a network nor a disk controller (Cloud TPUs are
-  Google PCI devices; gVNIC and Persistent Disk are its others), or a GPU's device files."""
+  """Whether this host has a TPU chip or a GPU, from what their drivers create: /dev/accel* (TPU v2-v4), VFIO groups
+  (v5e and later), a Google PCI device that is neither a network nor a disk controller, or a GPU's device files."""
   vfio_groups = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p) != "vfio"]
   google_pci_classes = [_read(os.path.join(os.path.dirname(v), "class"))
                         for v in glob.glob("/sys/bus/pci/devices/*/vendor") if _read(v) == GOOGLE_PCI_VENDOR]
@@ -46,12 +41,9 @@ def accelerator_attached() -> bool:
 
 
 def choose_platforms():
-  """JAX_PLATFORMS=cpu where libtpu or the CUDA plugin is installed (the tpu and gpu-compile extras, for
-  electra-compile) and neither a TPU nor a GPU is attached: JAX would otherwise start libtpu, which prints its failed
-  start ("Failed to find host bounds", "TPU_WORKER_HOSTNAMES", "No jellyfish device found"), or the plugin ("Jax
-  plugin configuration error" with a traceback) before a command's first line. electra-compile needs neither backend:
-  they describe TPU slices and GPUs under JAX_PLATFORMS=cpu. On a TPU VM or a GPU host JAX chooses as it always does,
-  and a JAX_PLATFORMS of the user's (empty: JAX chooses) always wins. Call before anything starts JAX."""
+  """JAX_PLATFORMS=cpu where libtpu or the CUDA plugin is installed (for electra-compile, which needs neither backend)
+  and neither a TPU nor a GPU is attached: JAX would otherwise print their failed start before a command's first
+  line. A JAX_PLATFORMS of the user's always wins. Call before anything starts JAX."""
   if ("JAX_PLATFORMS" in os.environ or accelerator_attached() or
       not any(importlib.util.find_spec(m) for m in ("libtpu", "jax_cuda12_plugin"))):
     return
@@ -78,9 +70,8 @@ _VOICE = _ProjectVoice()
 
 
 def _announce_downloads_only(announce):
-  """TFDS prints "Downloading and preparing dataset Unknown size ..." and "... downloaded and prepared to ..." for
-  every dataset it builds; a builder that downloads nothing (electra-prepare's, whose summary names the dataset) has
-  nothing to announce. A real download (a TFDS task's data) is still announced."""
+  """TFDS's "Downloading and preparing dataset ..." lines, for a real download only (electra-prepare's builder
+  downloads nothing)."""
   def announce_downloads(builder):
     if builder.info.download_size:
       announce(builder)

@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 
-from electra_jax.runtime import gcsfs_private
+from electra_jax.runtime import gcsfs_private, storage
 
 TIMEOUT_ENV = "ELECTRA_JAX_STORAGE_TIMEOUT_S"
 TIMEOUT_S = 120.0  # google-cloud-storage's own default deadline: the lock and TensorBoard uploads last as long
@@ -31,16 +31,11 @@ def timeout_s() -> float:
   return seconds
 
 
-def endpoint() -> str:
-  """The URL gs:// paths go to: the emulator's ($STORAGE_EMULATOR_HOST, as storage.initialize left it) or Google's."""
-  return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
-
-
 def answering(timeout: float) -> bool:
   """Whether the store answers an HTTP request within `timeout` seconds (any status below 500: even a refusal)."""
   import requests  # pylint: disable=g-import-not-at-top
   try:
-    return requests.get(endpoint(), timeout=timeout).status_code < 500
+    return requests.get(storage.endpoint(), timeout=timeout).status_code < 500
   except requests.RequestException:
     return False
 
@@ -67,7 +62,7 @@ def _watch(command: str, seconds: float):
     if answering(timeout=period * 2):
       answered = time.monotonic()
     elif time.monotonic() - answered > seconds:
-      host = urllib.parse.urlsplit(endpoint()).netloc
+      host = urllib.parse.urlsplit(storage.endpoint()).netloc
       # On a line of its own: a progress bar may have left the cursor at the end of its line.
       sys.stderr.write(f"\n{command}: error: Cloud Storage ({host}) has not answered for {seconds:g} s "
                        f"({TIMEOUT_ENV}={seconds:g}): stopped; what was complete before is kept (a checkpoint or "

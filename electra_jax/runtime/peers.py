@@ -1,20 +1,12 @@
-"""A multi-process run ends, rather than hangs, when one of its processes dies (kill -9, a crash, a lost VM) or stalls
-(SIGSTOP, a frozen VM). The survivors would otherwise wait in a collective until JAX's runtime gives up (with a native
-crash dump) or forever.
+"""A multi-process run ends, rather than hangs, when one of its processes dies or stalls (docs/reliability.md, "A lost
+or stalled process").
 
 Each process's thread writes a heartbeat to the coordination service's key-value store every PERIOD_S and reads
 everyone's. A process whose heartbeat has not changed for `timeout_s` is lost: the watcher prints one line naming it
 and the newest complete checkpoint, and ends its own process with exit status 1 (its main thread may be blocked in a
-collective that never returns, so no exception could reach it). The thread runs beside compiles, saves and
-evaluations, which release the GIL, so a long step never looks like a lost process; a process that ends its loop
-normally says so, and is no longer watched. A collective that fails outright (gloo's connection to a killed peer is
-reset) is held back until every other process has shown a heartbeat since, so that a lost peer still ends the run in
-the one line, however late a busy host lets the watcher run. The coordination service lives in process 0: once it
-stops answering for `timeout_s`, process 0 is the one lost.
-
-JAX's own ways of giving a peer up abort the process with a crash dump: the coordination service's heartbeat timeout
-(100 s by default) and, on CPU, a collective whose local device threads wait for its cross-process part (40 s).
-`runtime_settings` sets both beyond the longest the watcher can take, so its line comes first.
+collective that never returns). A collective that fails outright is held back until every other process has shown a
+heartbeat since, so a lost peer still ends the run in that line. JAX's own timeouts for a lost peer, which abort with
+a crash dump, are set beyond the watcher's longest wait (runtime_settings).
 """
 import os
 import sys
@@ -38,9 +30,8 @@ CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
 
 
 def runtime_settings(timeout_s: float) -> dict:
-  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond the watcher's longest wait with
-  `timeout_s` (a peer never heard from: STARTUP_GRACE times it), the collectives' in XLA_FLAGS (in place of any value
-  there); returns jax.distributed.initialize's keyword arguments. Nothing where the watcher is off (0)."""
+  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond the watcher's longest wait, the
+  collectives' in XLA_FLAGS; returns jax.distributed.initialize's keyword arguments. Nothing where `timeout_s` is 0."""
   if timeout_s <= 0:
     return {}
   seconds = int((STARTUP_GRACE + 1) * timeout_s + 60)

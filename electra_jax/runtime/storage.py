@@ -1,15 +1,10 @@
 """One file-system layer for local paths and gs:// alike: etils.epath (over gcsfs for gs://, as Orbax's own paths
 are), plus what epath lacks: recursive globs, atomic writes, directories put in place whole, local copies of the
-files of remote datasets that a host reads. No TensorFlow here: the model, step and checkpoint code import this module.
+files of remote datasets that a host reads. No TensorFlow here.
 
-What Cloud Storage guarantees, and what follows: one object's upload is atomic (readers see the old object or the
-new one, never a part), so a file is replaced by writing it in place. There are no directories, only name
-prefixes: "renaming" a directory copies and deletes each object, which is neither atomic nor cheap, so nothing
-here renames on gs://. A directory that must be complete or absent is uploaded with the one file its readers look
-for first written last. Objects cannot be appended to: metrics.jsonl is rewritten whole at each write.
-
-Local testing against an emulator: set STORAGE_EMULATOR_HOST (`host:port` or `http://host:port`); `initialize`,
-called by every entry point before any file is touched, points each library on the path at it (see docs/launch.md).
+On gs:// one object's upload is atomic, so a file is replaced by writing it in place; a directory cannot be renamed,
+so one that must be complete or absent is uploaded with the file its readers look for first written last.
+STORAGE_EMULATOR_HOST (`host:port` or `http://host:port`) points every library at an emulator (docs/launch.md).
 """
 import contextlib
 import errno
@@ -52,18 +47,22 @@ def initialize():
 
 
 def check_reachable(timeout_s: float = 10.0):
-  """gs:// paths need Cloud Storage (or the emulator): one TCP connect, so that an unreachable service is one line
-  at once rather than a minute of gcsfs's retries, their tracebacks and then a misleading "not a directory". Skipped
-  behind an HTTPS proxy, which a direct connect cannot judge."""
+  """gs:// paths need Cloud Storage (or the emulator): one TCP connect, so that an unreachable service is one line at
+  once rather than a minute of gcsfs's retries. Skipped behind an HTTPS proxy, which a direct connect cannot judge."""
   if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
     return
-  url = urllib.parse.urlsplit(os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com")
+  url = urllib.parse.urlsplit(endpoint())
   host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
   try:
     socket.create_connection((host, port), timeout=timeout_s).close()
   except OSError as e:
     raise OSError(f"gs:// paths need Cloud Storage, but {host}:{port} cannot be reached ({e}): check the network "
                   "(or STORAGE_EMULATOR_HOST, for an emulator)") from None
+
+
+def endpoint() -> str:
+  """The URL gs:// paths go to: the emulator's ($STORAGE_EMULATOR_HOST, as initialize left it) or Google's."""
+  return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
 
 
 def is_remote(path) -> bool:
@@ -108,9 +107,8 @@ def write(path, data: bytes | str):
 
 
 def copy_file(src, dst):
-  """Streams one file between any two stores. An upload whose session Cloud Storage lost after some of its bytes
-  (a restarted store; see gcsfs_private.restart_lost_uploads for those that lost none) is started again from the first.
-  From gs:// to gs://, Cloud Storage copies the object itself: no byte passes through this host."""
+  """Streams one file between any two stores (gs:// to gs://: Cloud Storage copies it). An upload whose session the
+  store lost midway (a restarted store) is started again from the first byte."""
   if os.fspath(src).startswith("gs://") and os.fspath(dst).startswith("gs://"):
     import fsspec  # pylint: disable=g-import-not-at-top
     fs, _ = fsspec.core.url_to_fs(os.fspath(dst))
@@ -137,14 +135,9 @@ def file_sizes(directory) -> dict[str, int]:
   return {p[len(root.rstrip("/")) + 1:]: int(info["size"]) for p, info in fs.find(root, detail=True).items()}
 
 
-def _files(directory) -> list[str]:
-  """The files under `directory`, as paths relative to it."""
-  return sorted(file_sizes(directory))
-
-
 def copy_tree(src, dst, last: str | None = None):
   """Copies every file under `src` to `dst` (between any two stores), the relative path `last` after the rest."""
-  files = _files(src)
+  files = sorted(file_sizes(src))
   if last in files:
     files = [f for f in files if f != last] + [last]
   for f in files:
@@ -182,15 +175,14 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # disk full, quota: where free space i
 NO_SPACE = (*DISK_FULL, errno.EFBIG)  # and the file size limit
 
 
-def no_space(e: Exception) -> bool:
-  """Whether `e` is a write that ran out of space. Some writers (ArrayRecord, safetensors) report the OS error in
-  their words only; TFDS may re-raise an OSError without its errno."""
-  return getattr(e, "errno", None) in NO_SPACE or any(os.strerror(n) in str(e) for n in NO_SPACE)
+def no_space(e: Exception, errnos: tuple = NO_SPACE) -> bool:
+  """Whether `e` is a write that ran out of space (of `errnos`), however its writer words it: some (ArrayRecord,
+  safetensors) give the OS error in words only, TFDS may re-raise an OSError without its errno."""
+  return getattr(e, "errno", None) in errnos or any(os.strerror(n) in str(e) for n in errnos)
 
 
 def disk_full(e: Exception) -> bool:
-  """Whether `e` is a write that found its disk (or quota) full, however its writer words it."""
-  return getattr(e, "errno", None) in DISK_FULL or any(os.strerror(n) in str(e) for n in DISK_FULL)
+  return no_space(e, DISK_FULL)
 
 
 def free_space(path) -> int:
@@ -206,21 +198,15 @@ def size(n: int) -> str:
   return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
-def _mib(n: int) -> str:
-  return f"{n / 2**20:.1f} MiB"
-
-
 def _bytes_under(directory: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(directory) for f in files)
 
 
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
-  """Yields a new local directory to write `out`'s files into; when the block ends without error they replace
-  `out`. Local `out`: the directory is beside it and renamed into place (atomic; an old `out` is moved aside, then
-  deleted). gs://: the old objects are deleted, then the files uploaded with `last` (the file its readers check
-  first) last, so a reader sees either the whole directory or none of it. Running out of space while staging is one
-  OSError naming `out`, the space free and the space it had used; an earlier `out` is left as it was."""
+  """Yields a new local directory to write `out`'s files into; when the block ends without error they replace `out`:
+  locally renamed into place, on gs:// uploaded with `last` (the file its readers check first) last. Running out of
+  space while staging is one OSError naming `out`; an earlier `out` is left as it was."""
   remote = is_remote(out)
   out = absolute(out)
   # Beside `out` (locally), else in the local temp dir; a killed writer's leftovers go when `out` is next written.
@@ -239,8 +225,8 @@ def staged_dir(out: str, last: str):
       shutil.rmtree(tmp, ignore_errors=True)
       free = shutil.disk_usage(os.path.dirname(tmp)).free  # with the staged part deleted again
       kept = f"the earlier {out} is unchanged" if epath.Path(out).exists() else "nothing of it was kept"
-      raise OSError(f"writing {out} failed, no space: it needs more than the {_mib(free)} free on the disk of "
-                    f"{os.path.dirname(tmp)} (it had written {_mib(written)} when the disk filled): {kept}; free "
+      raise OSError(f"writing {out} failed, no space: it needs more than the {size(free)} free on the disk of "
+                    f"{os.path.dirname(tmp)} (it had written {size(written)} when the disk filled): {kept}; free "
                     "space or write elsewhere, then re-run") from e
     if remote:
       if epath.Path(out).exists():
@@ -262,11 +248,9 @@ def cache_dir() -> str:
 
 
 class LocalCopy:
-  """A local mirror of the remote `directory`, file by file, each fetched when first asked for: for readers that take
-  local paths only (ArrayRecord's C++ reader), so that a host fetches just the files it reads. It lies under
-  cache_dir(), one directory per version of `directory` (named by the SHA-256 of `key_files`, small files that
-  together change with the content); making it deletes the copies of other versions. Processes of one host share
-  it: each file is fetched into a temporary and renamed into place."""
+  """A local mirror of the remote `directory`, each file fetched when first asked for (for readers of local paths
+  only), under cache_dir(): one directory per version of `directory`, named by the SHA-256 of `key_files`; making it
+  deletes the copies of other versions. A host's processes share it (each file is renamed into place)."""
 
   def __init__(self, directory: str, *key_files: str):
     self.remote = directory
@@ -306,8 +290,7 @@ class LocalCopy:
 # --- Temporaries that name their writer ------------------------------------------------------------------------------
 
 def this_host() -> str:
-  """This machine, and its pid namespace where there is one: containers sharing a hostname (--network=host) see
-  other pids."""
+  """This machine, and its pid namespace where there is one (containers sharing a hostname see other pids)."""
   try:
     namespace = re.sub(r"\D", "", os.readlink("/proc/self/ns/pid"))  # "pid:[4026531836]"
   except OSError:
@@ -333,15 +316,14 @@ def process_gone(host: str, pid: int) -> bool:
 
 
 def temp_path(path) -> str:
-  """A new temporary name beside local `path`, naming its writer (.<name>.<host>-<pid>-<uuid>.tmp) so that the next
-  writer of `path` can tell a dead writer's leftover from a live one's (remove_leftovers)."""
+  """A new temporary name beside local `path` that names its writer, so a dead writer's leftover can be told apart."""
   directory, name = os.path.split(os.fspath(path))
   return os.path.join(directory, f".{name}.{this_host()}-{os.getpid()}-{uuid.uuid4().hex}.tmp")
 
 
 def remove_leftovers(path):
-  """Deletes temp_path(path)'s (and staged_dir's <tmp>.old) of writers that are gone: of this host when their
-  process has ended, else (another host's, or an older version's unnamed ones) once untouched for LEFTOVER_AGE_S."""
+  """Deletes temp_path(path)'s of writers that are gone: of this host when their process has ended, else once
+  untouched for LEFTOVER_AGE_S."""
   directory, name = os.path.split(os.fspath(path))
   try:
     entries = os.listdir(directory or ".")
