@@ -1,16 +1,9 @@
 """What every electra-* command shares: flag parsing, the one-line error, and --help.
 
-Bad input ends a command with one line "<command>: error: ..." on stderr and exit status 1, never a traceback: a
-flag that does not exist or has a bad value, a config key that does not exist or has the wrong type at any depth, a
-config file that does not load, extra arguments, a missing optional package (naming the extra that installs it), and
-the ValueError, OSError or FloatingPointError the library raises for bad data, workdirs and checkpoints. `-v=1` also
-logs the traceback. Anything else is a bug, and keeps its traceback.
-
-What a command prints is the project's (console.py): without a TPU, libtpu is not started; at the default verbosity
-the libraries' INFO lines and chatter are left out, and `-v=1` (`--verbosity=1`) brings every line back.
-
---help (or -h, --helpshort) prints the command's docstring (what it does, with example commands), its own flags
-with their defaults and the role of the config file; --helpfull adds every library flag (absl, JAX, TensorFlow).
+Bad input (a bad flag, config key or value, a config file that does not load, extra arguments, a missing optional
+package, and the USER_ERRORS the library raises for bad data, workdirs and checkpoints) ends a command with one line
+"<command>: error: ..." on stderr and exit status 1; `-v=1` also logs the traceback. Anything else is a bug, and keeps
+its traceback. --help prints the command's docstring and its own flags; --helpfull adds every library flag.
 """
 import sys
 import textwrap
@@ -84,12 +77,9 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
 
 def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags.FlagHolder],
         required: Sequence[str] = (), needs: Sequence[str] = ()):
-  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app): `own` are its flags (listed by
-  --help), `required` their names that must be given, `needs` the optional packages (modules) it cannot run without;
-  gcsfs is needed when any flag or config value is a gs:// path. Missing ones are one line before `main` starts.
-
-  Every command defines `own` in its define_flags(), which its run() calls, never at import: importing a command
-  defines no flag, so tests and benchmarks import several of them, as libraries, in one process."""
+  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app): `own` are its flags, `required`
+  their names that must be given, `needs` the optional packages it cannot run without (gcsfs where any value is a
+  gs:// path). Commands define `own` in run(), never at import, so one process can import several as libraries."""
   storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 

@@ -4,22 +4,12 @@
   electra-export --workdir=runs/demo --output=exports/demo_step1000 --step=1000
   electra-export --workdir=runs/demo --output=exports/demo --overwrite                 # replace an earlier export
 
-writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel), OUT/generator/ = the generator
-(ElectraForMaskedLM), each with model.safetensors, config.json and the tokenizer: tokenizer.json (read by
-AutoTokenizer, same ids and token_type_ids as our pipeline) plus our own tokenizer file (sentencepiece.model or
-vocab.txt) so that `import_hf` and electra-finetune tokenize with our code. OUT may be local or gs://, and is either
-complete or absent: everything is written into a temporary directory and put in place at the end (locally renamed;
-on gs://, uploaded with config.json, which readers look for first, last). The workdir may be a live run's: export
-deletes nothing there. OUT may not be, contain or lie inside what it reads (the workdir's config.json and
-checkpoints/, the tokenizer): refused in one line, --overwrite or not.
-
-Import goes the other way (electra_jax.hf.directory.import_hf): electra-finetune and train.init_from accept an HF
-ELECTRA directory, ours or a released google/electra-* model saved locally with its WordPiece vocab.txt.
-
-Literal "[CLS]"/"[SEP]"/"[MASK]"/"[PAD]"/"[UNK]" typed into text stay single special tokens in HF tokenizers; our
-SentencePiece pipeline never produces special ids from text. Clean such strings from raw text.
+Writes OUT/ (the discriminator: ElectraForPreTraining), OUT/generator/ (ElectraForMaskedLM), each with
+model.safetensors, config.json and the tokenizer (tokenizer.json for AutoTokenizer, with the same ids as our pipeline,
+beside our own tokenizer file). OUT, local or gs://, is complete or absent; it may not be, contain or lie inside what
+it reads. The workdir may be a live run's: export deletes nothing there. electra-finetune and train.init_from read
+such a directory back, ours or a released google/electra-* one (docs/api.md).
 """
-
 from absl import flags, logging
 
 from electra_jax import cli

@@ -1,8 +1,5 @@
-"""A data_dir checked end to end, as electra-check does before an accelerator is booked: every dataset prepared
-there, each shard whole (size and CRC-32 against metadata.json, every record read, so every chunk hash checked),
-the record counts against the dataset's description and electra-prepare's statistics, and the tokenizer against the
-one the data was tokenized with. Every problem is one line; nothing is written (a gs:// dataset's shards are fetched
-into this host's local copy, as training would)."""
+"""A data_dir checked end to end (electra-check): every dataset prepared there, each shard read whole, the record
+counts and the tokenizer against what electra-prepare recorded. Every problem is one line; nothing is written."""
 import dataclasses
 import os
 
@@ -59,8 +56,7 @@ def verify(dataset: str) -> tuple[list[str], int, int]:
 
 
 def _tokenizer_problems(data_dir: str, dataset: str, meta: dict) -> list[str]:
-  """The tokenizer the commands would pair with `dataset` (as prepared.resolve finds it) against the SHA-256 that
-  electra-prepare recorded."""
+  """The tokenizer the commands would pair with `dataset` against the SHA-256 that electra-prepare recorded."""
   settings = meta.get("settings")
   if settings is None:
     return []  # prepared before datasets recorded their settings: the run names its tokenizer

@@ -1,10 +1,7 @@
 """Whether a prepared dataset's files are the ones electra-prepare wrote: their sizes and CRC-32s, recorded in its
-metadata.json (`record`, at prepare), and the one-line error that names a damaged or truncated shard, its dataset
-and the remedy (`Damaged`). Readers check sizes before the first step (cheap: a stat, or one listing of gs://), the
-CRC-32 of each shard a host fetches from gs:// (the bytes pass through anyway), and ArrayRecord's own chunk hashes at
-every read; electra-check checks everything. electra-prepare checks the sizes of a dataset it finds prepared, and
-with --repair everything, before it answers that the data is there. Datasets prepared before sizes were recorded are
-read unchecked but for the chunk hashes."""
+metadata.json (`record`), and the one-line error that names a damaged shard, its dataset and the remedy (`Damaged`).
+Readers check sizes before the first step and the CRC-32 of each shard fetched from gs://; electra-check checks
+everything (docs/data.md, "Damaged data")."""
 import json
 import os
 import zlib
@@ -49,15 +46,13 @@ def file_record(path: str) -> dict:
 
 
 def record(dataset_dir: str) -> dict:
-  """{shard file name: file_record} of the finished shards in the local `dataset_dir`: what metadata.json's "files"
-  holds. CRC-32 runs at several GB/s, far faster than preparing the data."""
+  """{shard file name: file_record} of the finished shards in the local `dataset_dir`: metadata.json's "files"."""
   return {name: file_record(os.path.join(dataset_dir, name))
           for name in sorted(os.listdir(dataset_dir)) if SHARD in name}
 
 
 def size_problem(expected: dict | None, size: int | None) -> str | None:
-  """What is wrong with a shard of `size` bytes (None: absent) that metadata.json records as `expected` (None: not
-  recorded, as in data prepared before sizes were)."""
+  """What is wrong with a shard of `size` bytes (None: absent) that metadata.json records as `expected`."""
   if size is None:
     return "the file is missing"
   if expected and size != expected["bytes"]:
@@ -67,8 +62,7 @@ def size_problem(expected: dict | None, size: int | None) -> str | None:
 
 
 def size_problems(dataset_dir: str) -> dict[str, str]:
-  """{shard: size_problem} of the shards a dataset's metadata.json records, from a stat of each (one listing of a
-  gs:// dataset): electra-prepare's check of a dataset it finds prepared, cheap enough for every run of it."""
+  """{shard: size_problem} of the shards a dataset's metadata.json records, from one listing."""
   expected = json.loads((epath.Path(dataset_dir) / "metadata.json").read_text()).get("files", {})
   sizes = storage.file_sizes(dataset_dir)
   return {name: problem for name, record in expected.items() if (problem := size_problem(record, sizes.get(name)))}

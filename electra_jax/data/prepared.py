@@ -1,7 +1,6 @@
 """Prepared data, as the commands find it: where electra-prepare puts the tokenizer and the dataset for a config's
-`data` section (one hash of the settings that determine them), how a dataset is found from data_dir and seq_len alone
-(its metadata.json records those settings), the tokenizer's fingerprint, and `load`. Reading only: no TensorFlow, and
-nothing here writes (build.py does)."""
+`data` section (a hash of the settings that determine them), how a dataset is found from data_dir and seq_len alone,
+the tokenizer's fingerprint, and `load`. Reading only, with no TensorFlow."""
 import copy
 import dataclasses
 import hashlib
@@ -89,9 +88,8 @@ def _describe(data_dir: str, name: str) -> str:
 
 def resolve(config):
   """`config` with the data.* settings of the dataset prepared for it under data.data_dir: the one its data.* keys
-  name, else the only one there for its data.seq_len, whose metadata.json says how it was made (the corpus need not
-  be at hand, as on a TPU VM reading gs://). A seq_len, vocabulary or tokenizer that differs from the data's is
-  refused naming both; several candidates are listed."""
+  name, else the only one there for its data.seq_len (the corpus need not be at hand). A seq_len, vocabulary or
+  tokenizer that differs from the data's is refused naming both; several candidates are listed."""
   data = config.data
   if _ready(dataset_dir(config)):
     return config
@@ -141,8 +139,7 @@ def find(config):
   tok = tokenizer_lib.Tokenizer(tokenizer_path(config))
   tok.check_vocab_size(config.data.vocab_size)
   meta = metadata(path)
-  # Another tokenizer than the one the data was tokenized with would train on ids that mean other pieces, and be
-  # exported with the model.
+  # Another tokenizer than the data's would train on ids that mean other pieces.
   recorded = meta.get("identity", {}).get("tokenizer_sha256")
   if recorded and recorded != fingerprint(tok.path):
     raise ValueError(f"tokenizer {tok.path} is not the one the data at {path} was prepared with (its SHA-256 differs "

@@ -1,10 +1,7 @@
 """The records of a prepared dataset: tf.train.Example protos of int64 features, each serialized with its features in
 the order of their names (`canonical`, what electra-prepare writes), read a batch at a time as int32 arrays.
-
-`Decoder` reads a batch of such records with a few numpy operations over their concatenated bytes. Protobuf's parse
-and the conversion of its lists into arrays hold Python's GIL for the whole batch, so the reading threads held back
-the training loop's; numpy releases the GIL in its loops. Records laid out otherwise (data prepared before the
-features' order was fixed, or damaged data) are left to `parse`, protobuf's.
+`Decoder` reads a batch with a few numpy operations, which release Python's GIL (protobuf's parse holds it, holding
+back the training loop); records laid out otherwise (older or damaged data) are left to `parse`, protobuf's.
 """
 from typing import Sequence
 
@@ -49,12 +46,9 @@ def _values(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarr
 
 class Decoder:
   """Decodes a batch of canonical records of `features` (int64 lists of `length` values each) into int32 arrays
-  [batch, length], or answers None when any record is laid out otherwise (then `parse` reads them).
-
-  Every canonical record is the same sequence of varints: its fixed part (tags, the names and their lengths) the
-  same bytes in every record, the lengths of the messages that hold values, and each feature's values. A record is
-  decoded only when all of it is so: as many varints, the fixed part's bytes, and each length equal to the bytes its
-  message spans (what protobuf would read), so that a decoded batch is the one `parse` gives."""
+  [batch, length], or answers None when any record is laid out otherwise. Every canonical record is the same sequence
+  of varints (fixed bytes, message lengths, values); a record is decoded only when its count of varints, its fixed
+  bytes and each length match, so a decoded batch is the one `parse` gives."""
 
   def __init__(self, features: Sequence[str], length: int):
     self.features, self.length = tuple(features), length

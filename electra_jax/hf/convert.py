@@ -97,9 +97,8 @@ def from_hf_state_dict(model_config: modeling.ModelConfig, state: dict, net: str
 
 
 def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, architecture: str = "", **extra) -> dict:
-  """The config.json of `net` as transformers.ElectraConfig reads it (its unnamed fields keep ElectraConfig's
-  defaults). Written as plain JSON: building an ElectraConfig imports transformers and, through it, torch, which
-  cost every export and fine-tuning run about 2 s of start-up and made torch a dependency of writing a file."""
+  """The config.json of `net` as transformers.ElectraConfig reads it, built as plain JSON: an ElectraConfig would import
+  transformers and torch, slowing every export's start and making torch a dependency of writing a file."""
   e = getattr(model_config, net)
   default = "ElectraForPreTraining" if net == "discriminator" else "ElectraForMaskedLM"
   return dict(

@@ -1,20 +1,11 @@
 """An HF transformers ELECTRA directory, written from our parameters (export) and read back into them (import_hf).
 
-`export` writes OUT/ = the discriminator (ElectraForPreTraining / ElectraModel) and OUT/generator/ = the generator
-(ElectraForMaskedLM), each with model.safetensors, config.json and the tokenizer (hf/tokenizer.py), plus the run's
-config (electra_jax_config.json). OUT may be local or gs://, and is either complete or absent: everything is written
-into a temporary directory and put in place at the end (locally renamed; on gs://, uploaded with config.json, which
-readers look for first, last).
-
-`import_hf(hf_dir, tokenizer_path)` turns an HF ELECTRA directory (ours, or a released google/electra-* discriminator
-saved locally, with its WordPiece vocab.txt; a generator in hf_dir/generator or `generator_dir`) into (config, params)
-for `experiment.create(config)`. The config is the run's own for our exports, the defaults otherwise, with the sizes of
-the HF config.json. The embedding-sharing mode is inferred: "shared" when the generator's embeddings equal the
-discriminator's (or there is no generator: a fresh one is initialised), "untied" otherwise (a gdes run comes back
-untied, its delta folded into the discriminator's table).
-
-Literal "[CLS]"/"[SEP]"/"[MASK]"/"[PAD]"/"[UNK]" typed into text stay single special tokens in HF tokenizers; our
-SentencePiece pipeline never produces special ids from text. Clean such strings from raw text.
+`export` writes OUT/ (the discriminator), OUT/generator/ (the generator), each with model.safetensors, config.json and
+the tokenizer, plus the run's config (electra_jax_config.json); OUT, local or gs://, is either complete or absent.
+`import_hf` turns an HF ELECTRA directory (ours, or a released google/electra-* one) back into (config, params), the
+embedding sharing inferred: "shared" when the generator's embeddings equal the discriminator's (or there is no
+generator), else "untied". Literal "[CLS]" and the like typed into text stay special tokens in HF tokenizers, never
+in ours: clean such strings from raw text.
 """
 import json
 import os
@@ -97,9 +88,7 @@ def _read_hf_config(directory: str) -> dict:
 
 def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None):
   """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
-  hf_dir/generator when present): params fit `experiment.create(config)`'s state and the config's data.tokenizer
-  is `tokenizer_path`, the directory's tokenizer (sources.resolve finds its sentencepiece.model or vocab.txt, as an
-  absolute path)."""
+  hf_dir/generator), fitting `experiment.create(config)`; the config's data.tokenizer is `tokenizer_path`."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
@@ -146,8 +135,7 @@ def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None
   loaded = {emb_key[0]: d["embeddings"], "discriminator": d["encoder"], "discriminator_head": d["head"]}
   if g is not None:
     loaded.update({emb_key[1]: g["embeddings"], "generator": g["encoder"], "generator_head": g["head"]})
-  # Parts HF lacks (a generator when none is given) are initialised as ours are; compiling that init costs up to a
-  # minute on a GPU, so it runs only when something is missing.
+  # Parts HF lacks (a generator when none is given) are initialised as ours are, only then: that init compiles slowly.
   model = modeling.Electra(model_config)
   init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(model, config.objective.name, config.data.seq_len,
                                                                   rng)))
