@@ -1,7 +1,7 @@
 """ELECTRA pre-training in JAX/Flax.
 
-The folders are layers; a module imports only from its own layer or the ones below it (tests/test_layers.py checks
-this with import-linter's contracts in .importlinter):
+The folders are layers; a module imports only from its own layer or the ones below it, and electra-prepare with
+data/ reaches no model or Flax (import-linter's contracts in .importlinter, which tests/test_layers.py runs):
 
   bench, compile                  commands that build on the two below
   pretrain/, finetune/            the two training commands, independent of each other

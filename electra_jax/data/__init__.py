@@ -1,2 +1,2 @@
-"""Data: tokenizers, corpora, prepared TFDS datasets, labelled tasks and the input pipeline. May import runtime/ only;
-electra-prepare (which builds datasets) never loads the model."""
+"""Data: tokenizers, corpora, prepared TFDS datasets, labelled tasks and the input pipeline. May import config and
+runtime/; reaches no model and no Flax, so electra-prepare (which builds datasets) runs without them."""

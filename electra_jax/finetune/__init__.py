@@ -1,5 +1,6 @@
 """Fine-tuning the discriminator on a classification, regression, sentence-pair, token classification (NER-style) or
-extractive QA task (`electra-finetune`, or `python -m electra_jax.finetune`).
+extractive QA task (`electra-finetune`, or `python -m electra_jax.finetune`). May import cli, run/ and the layers
+below; never pretrain/.
 
   config.py         the config schema (base_config)
   tasks.py          task data, splits, encoding, metrics

@@ -1,5 +1,6 @@
 """Pre-training ELECTRA's generator and discriminator (`electra-pretrain`, or `python -m electra_jax.pretrain`); the
-twin of finetune/, with the same file for the same role.
+twin of finetune/, with the same file for the same role. May import cli, run/ and the layers below; never
+finetune/.
 
   plan.py           what a run is, decided once at its entrance: the prepared data and tokenizer, resume or start
                     (from which weights: a sources.Source), what changed since the workdir's config.json
