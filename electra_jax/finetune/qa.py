@@ -1,22 +1,8 @@
-"""Extractive question answering on SQuAD v1.1 JSON: the reader, windows over long contexts (a doc stride), the
-start/end loss, answers from the logits, and exact match and F1 as SQuAD's official evaluation script defines them.
-
-What the fine-tuning loop plugs in, in order (QuestionAnswering's logits are [N, L, 2]: start, end):
-
-  rows = read_squad(path, labelled)
-      [{"id", "question", "context", "answers": [{"text", "answer_start"}]}] from data[].paragraphs[].qas[]; a bad
-      question is a one-line ValueError naming the file, its place in the JSON and its id
-  feats = encode(tok, rows, seq_len, doc_stride, max_query_length)
-      Features: one window per feature, feats.examples a tasks.Examples of [CLS] question [SEP] context window [SEP]
-      whose labels [N, 2] are the first answer's start and end pieces ((0, 0), [CLS], when the window does not hold
-      it whole); feats.row says which row a window is of, feats.offsets where its context pieces are in the context
-  loss(logits, batch)                   (start + end cross-entropy) / 2 at batch["labels"], as HF's (jit-able)
-  answers = predict(logits, feats, rows, max_answer_length, n_best_size)   per row, (answer text, score)
-  compute_metrics([text for text, _ in answers], rows)    exact_match and f1, fractions (the script's percentages
-                                                          / 100)
-  prediction_rows(answers, rows)        one JSON object per row
-Model selection maximises METRICS[0] unless told otherwise.
-"""
+"""Extractive question answering on SQuAD v1.1 JSON: the reader (a row per question: {"id", "question", "context",
+"answers": [{"text", "answer_start"}]}), windows over long contexts with a doc stride, the start/end loss, each
+question's answer from its windows' [N, L, 2] start and end logits, and exact match and F1 as SQuAD's official
+evaluation script defines them (as fractions, not its percentages). heads.QA plugs them into the fine-tuning loop;
+model selection maximises METRICS[0] unless told otherwise."""
 import collections
 import dataclasses
 import json

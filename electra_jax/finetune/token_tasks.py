@@ -1,21 +1,10 @@
 """Token classification (NER-style tagging): CoNLL-style data, each word's tag on its first piece, the masked loss,
-and conlleval's entity-level metrics.
+and conlleval's entity-level metrics. heads.Tagging plugs them into the fine-tuning loop (TokenClassifier's logits
+are [N, L, num_labels]); model selection maximises METRICS[0] unless told otherwise.
 
-What the fine-tuning loop plugs in, in order (TokenClassifier's logits are [N, L, num_labels]):
-
-  rows = read_rows(path, tokens_field, tags_field, labelled)
-      [{"tokens": [...], "tags": [...], "line": n}] from JSONL (.jsonl/.json: one object per line) or a CoNLL column
-      file (any other name: `word<TAB or spaces>...tag` per line, the first column the word and the last its tag, a
-      blank line between sentences, -DOCSTART- lines skipped); a bad row is a one-line ValueError naming file and line
-  names = tag_names(train_rows)            the tag names, "O" first: a tag's id is its index (HF's id2label)
-  enc = encode(tok, rows, names, seq_len)  Encoded: enc.examples is a tasks.Examples whose labels [N, L] hold each
-      word's tag id at its first piece and IGNORE at its other pieces, the specials and the padding
-  loss(logits, batch)                      mean cross-entropy over the labelled pieces of batch["labels"] (jit-able)
-  tags = predict(logits, enc, names)       per row, one tag per word ("O" for words cut off by seq_len)
-  compute_metrics(gold_tags, tags)         accuracy over words; precision, recall and f1 over IOB2 entities
-  prediction_rows(tags, rows)              one JSON object per row
-Model selection maximises METRICS[0] unless told otherwise.
-"""
+The data: JSONL (.jsonl/.json: one object per line) or a CoNLL column file (any other name: `word<TAB or
+spaces>...tag` per line, the first column the word and the last its tag, a blank line between sentences, -DOCSTART-
+lines skipped). A tag's id is its index in tag_names ("O" first), as in HF's id2label."""
 import dataclasses
 
 import jax.numpy as jnp
