@@ -10,7 +10,7 @@ import sys
 
 from absl import flags, logging
 
-PACKAGE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # electra_jax/, above runtime/
 # The project's code beside the package, run from a checkout (studies/finetune_demo.py is a step of `make demo`).
 OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d)
                        for d in ("configs", "studies", "benchmarks", "launch", "tests")))
