@@ -3,10 +3,8 @@
   electra-check --data_dir=data/small
   electra-check --data_dir=gs://BUCKET/data      # fetches every shard into this host's local copy
 
-Every dataset electra-prepare wrote there: each shard's size and CRC-32 against its metadata.json, every record read
-(ArrayRecord checks each chunk's hash), the record counts as recorded, and the tokenizer the one the data was
-tokenized with. Prints one line per dataset found well, one "electra-check: error: ..." line per problem;
-exit status 0 only when all is well. Writes nothing. See docs/data.md.
+Every dataset electra-prepare wrote there, each shard read whole, against what it recorded (data/check.py). One line
+per dataset found well, one "electra-check: error: ..." line per problem; exit status 0 only when all is well.
 """
 import sys
 

@@ -42,7 +42,7 @@ class Reader:
     `size_problems` (electra-check reports every problem)."""
     self.dataset_dir, self.remote = dataset_dir, storage.is_remote(dataset_dir)
     self._copy = storage.LocalCopy(dataset_dir, "metadata.json", "dataset_info.json") if self.remote else None
-    sizes = self._copy.sizes() if self._copy else storage.file_sizes(dataset_dir)
+    sizes = storage.file_sizes(dataset_dir)
     if self._copy:  # the dataset's description (dataset_info.json, features.json, metadata.json), not its shards
       for name in sizes:
         if integrity.SHARD not in name:

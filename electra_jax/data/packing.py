@@ -1,15 +1,7 @@
-"""Tokenize documents and pack them into fixed-length examples, as the official ELECTRA data builder does.
-
-Per document, lines are tokenized and accumulated until they reach a target length (seq_len; 5% of the time a random
-length in [5, seq_len]); then the example is [CLS] A [SEP] B [SEP]: sentences go to A until it holds about half the
-target (10% of the time everything goes to A, a single-segment example), the rest to B. The end of a document flushes.
-Tokens past seq_len are cut, as in the official builder: the truncation this module counts. Unlike the official
-builder, a line longer than one example (seq_len - 2 tokens), which it would cut to one example and drop the rest of,
-is split: the pending sentences are flushed, full single-segment examples are cut from the line, and its remainder
-packs as an ordinary sentence.
-
-Randomness comes from (seed, document index), so the output does not depend on how many worker processes run.
-No TensorFlow here: this module is what the worker processes import.
+"""Tokenize documents and pack them into fixed-length examples, as the official ELECTRA data builder does: lines fill
+a target length (5% of the time a random one), split into [CLS] A [SEP] B [SEP] (10% of the time A alone); a line
+longer than an example is split rather than cut (docs/data.md, "The example format"). Randomness comes from (seed,
+document index), so the output does not depend on the number of workers. No TensorFlow: worker processes import this.
 """
 import collections
 import concurrent.futures

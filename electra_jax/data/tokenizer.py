@@ -1,8 +1,7 @@
 """Tokenizers: train a SentencePiece unigram model with ELECTRA's fixed special ids, or load one (or a WordPiece vocab).
 
-Our SentencePiece models always have [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. [CLS]/[SEP]/[MASK] are control
-symbols, so no plain text ever encodes to them. A BERT/ELECTRA WordPiece `vocab.txt` (Google's checkpoints) keeps its
-own ids. No TensorFlow here: the model side and the data workers import this module.
+Our SentencePiece models have [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, the last three control symbols that no
+text encodes to; a WordPiece `vocab.txt` (Google's checkpoints) keeps its own ids. No TensorFlow here.
 """
 import io
 import os
@@ -28,8 +27,8 @@ class Tokenizer:
   """Text <-> ids without special tokens; `special_ids` says where [CLS]/[SEP]/... live in this vocabulary."""
 
   def __init__(self, path: str):
-    """Every tokenizer a command reads (prepared data's, init_from's, fine-tuning's, an export's) is loaded here: a
-    file that is empty, truncated or not a tokenizer is a one-line ValueError naming it."""
+    """Every tokenizer a command reads is loaded here: a file that is empty, truncated or not a tokenizer is a one-line
+    ValueError naming it."""
     self.path = os.fspath(path)
     data = epath.Path(self.path).read_bytes()  # gs:// works too
     wordpiece = self.path.endswith(".txt")

@@ -13,12 +13,8 @@ VOCAB_FILE = "vocab.txt"
 
 
 def hf_tokenizer(path: str):
-  """A `tokenizers.Tokenizer` that gives our Tokenizer's ids, wrapped in [CLS] A [SEP] (B [SEP]) with token types.
-
-  SentencePiece: the .model's Unigram pieces and scores, its own precompiled normalizer, then only spaces stripped
-  at the ends and runs of spaces folded (normalizers.Strip would also eat U+0085), and Metaspace. WordPiece: BERT's
-  pipeline on the vocab, lowercased as our Tokenizer does.
-  """
+  """A `tokenizers.Tokenizer` that gives our Tokenizer's ids, wrapped in [CLS] A [SEP] (B [SEP]) with token types:
+  for SentencePiece the .model's pieces and its own normalizer (normalizers.Strip would also eat U+0085)."""
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers  # pylint: disable=g-import-not-at-top
   from tokenizers import pre_tokenizers, processors  # pylint: disable=g-import-not-at-top

@@ -164,11 +164,10 @@ class Checkpointer:
     return True
 
   def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
-    """The checkpoint at `step` (default: the newest intact one, after a warning for each newer corrupt one, renamed
-    to <step>.corrupt if `set_aside_corrupt`), placed with `abstract_state`'s shardings and checked against its
-    checksums. A dict names the part of the state to read; None reads the whole state as saved, whole on every
-    device. A one-line ValueError when none is intact or one cannot continue this run's model or tokenizer;
-    FileNotFoundError when there is none."""
+    """The checkpoint at `step` (default: the newest intact one; newer corrupt ones warned of, and renamed to
+    <step>.corrupt if `set_aside_corrupt`), placed with `abstract_state`'s shardings (a dict: that part only; None:
+    as saved, whole on every device) and checked against its checksums. A one-line ValueError when none is intact or
+    one cannot continue this run's model or tokenizer; FileNotFoundError when there is none."""
     if step is not None:
       return self._restore(abstract_state, step)
     if not self._manager.all_steps():

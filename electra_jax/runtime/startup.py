@@ -17,10 +17,9 @@ def use_compilation_cache():
 
 
 def initialize(peer_timeout_s: float = 0):
-  """Sets up storage (gs://, an emulator), the compilation cache, joins the other processes of a multi-host run
-  (explicitly from launch/gpu.sh's variables, automatically on a TPU pod; a single process needs nothing), with JAX's
-  own timeouts for a lost process beyond the watchdog's `peer_timeout_s` (train.peer_timeout_s: peers.py), and picks
-  the random-bit generator. Call before anything touches the devices."""
+  """Sets up storage, the compilation cache, joins the other processes of a multi-host run (from launch/gpu.sh's
+  variables, or a TPU pod's) with JAX's own timeouts beyond the watchdog's `peer_timeout_s`, and picks the random-bit
+  generator. Call before anything touches the devices."""
   storage.initialize()
   use_compilation_cache()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:

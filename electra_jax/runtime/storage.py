@@ -264,10 +264,6 @@ class LocalCopy:
         if entry != key:
           shutil.rmtree(old) if os.path.isdir(old) else os.unlink(old)
 
-  def sizes(self) -> dict[str, int]:
-    """The remote directory's files, relative to it, and their sizes."""
-    return file_sizes(self.remote)
-
   def fetch(self, name: str, check: Callable[[str], None] | None = None) -> str:
     """The local path of file `name` (relative), fetched first unless it is here; `check(fetched path)` raises
     before a bad fetch is put in place."""
