@@ -80,7 +80,7 @@ def test_without_a_tpu_jax_starts_on_the_cpu_unless_the_user_says_otherwise(give
   env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
   env.update({} if given is None else {"JAX_PLATFORMS": given})
   show = "jax.config.jax_platforms" if imported else "os.environ['JAX_PLATFORMS']"
-  out = subprocess.run([sys.executable, "-c", f"import os; {imported}from electra_jax import console; "
+  out = subprocess.run([sys.executable, "-c", f"import os; {imported}from electra_jax.runtime import console; "
                         f"console.choose_platforms(); print(repr({show}))"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120, check=True).stdout
   assert out.strip() == repr(expected)

@@ -127,7 +127,7 @@ def test_finetuning_onto_a_full_disk_keeps_the_earlier_best(tiny_data, tmp_path)
 def test_a_file_that_does_not_fit_names_its_path_and_size(tmp_path):
   """storage.write (eval_results.json, predictions, config.json, the tokenizer) on a full disk: the path, the size
   it needs and the space free; no temporary is left."""
-  write = (f"{sys.executable} -c \"from electra_jax import storage; "
+  write = (f"{sys.executable} -c \"from electra_jax.runtime import storage; "
            "storage.write('disk/eval_results.json', b'x' * 9000)\"")
   result = _on_small_disk(f"{write}; echo exit=$?; ls -A disk", 4096, tmp_path)
   assert result.stdout.split() == ["exit=1"], result.stdout + result.stderr[-3000:]
