@@ -59,7 +59,7 @@ def _struct(shape, dtype, sharding):
 def _loss_batch(exp, params, ids, seg, masked, keys, deterministic=False):
   rows = jnp.arange(ids.shape[0])
   return losses.Batch(exp.model, params, ids, seg, exp.special, masked, (ids != 0).astype(jnp.float32), keys, rows,
-                      deterministic, exp.config.objective)
+                      deterministic, exp.objective)
 
 
 def _keys(rng):
@@ -77,7 +77,7 @@ def pieces(config, devices):
   pos = _struct((rows, p), jnp.int32, sh.batch)
   wts = _struct((rows, p), jnp.float32, sh.batch)
   masked = masking.Masked(ids, pos, pos, wts)
-  tx = optim.pretraining(c.train)[0]
+  tx = optim.build(experiment.recipe(c.train)).tx
 
   def jit(fn, in_shardings, out_shardings=None):
     def traced(*args):
@@ -119,7 +119,7 @@ def pieces(config, devices):
             (qkv, qkv, qkv, _struct((rows, c.data.seq_len), jnp.bool_, sh.batch), rng, qkv))
 
   def grad_step(params, b, r):
-    return grad_of(lambda pr, bb, rr: objectives.compute_loss(exp.model, pr, bb, rr, c.objective, exp.special))(
+    return grad_of(lambda pr, bb, rr: objectives.compute_loss(exp.model, pr, bb, rr, exp.objective, exp.special))(
         params, b, r)
 
   def update(st, grads):

@@ -24,6 +24,7 @@ from electra_jax.finetune import model as model_lib
 from electra_jax.hf import tokenizer as hf_tokenizer
 from electra_jax.model import modeling, objectives
 from electra_jax.parallel import optim
+from electra_jax.pretrain import experiment as pretrain_experiment
 from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.run import weights
 from tests import helpers
@@ -109,7 +110,7 @@ def _assert_steps_equal(ours, theirs, names):
 @pytest.mark.parametrize("flat", [False, True])
 def test_official_pretraining_optimizer_is_the_official_update_rule(flat):
   """train.optimizer=official, 8 steps (warm-up 3 of 10, clipping on and off), against the NumPy transcription, per
-  array and flat (optim.flat_update); LayerNorm parameters and biases must not decay, kernels and embedding tables
+  array and flat (train.flat_update); LayerNorm parameters and biases must not decay, kernels and embedding tables
   must."""
   names = {  # our path -> the official variable name of the same weight
       "embeddings/word_embeddings": "electra/embeddings/word_embeddings",
@@ -127,17 +128,20 @@ def test_official_pretraining_optimizer_is_the_official_update_rule(flat):
   params, grads = _random_problem(shapes, steps=8)
   train_cfg = config_lib.base("tiny").train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_steps=3, num_steps=10, weight_decay=0.3)
-  tx, _ = optim.pretraining(train_cfg, flat=flat)
+  train_cfg.flat_update = flat
+  tx = optim.build(pretrain_experiment.recipe(train_cfg)).tx
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 3, 0.3)
   _assert_steps_equal(ours, theirs, names)
   # and the recipe does differ from today's AdamW default on the same problem
   train_cfg.optimizer = "adamw"
-  adamw = _run_ours(optim.pretraining(train_cfg, flat=flat)[0], _tree(params), [_tree(g) for g in grads])
+  adamw = _run_ours(optim.build(pretrain_experiment.recipe(train_cfg)).tx, _tree(params), [_tree(g) for g in grads])
   assert not np.allclose(adamw[-1]["embeddings/word_embeddings"], ours[-1]["embeddings/word_embeddings"])
   # AdamW's update is the same flat as per array
-  per_array = _run_ours(optim.pretraining(train_cfg, flat=not flat)[0], _tree(params), [_tree(g) for g in grads])
+  train_cfg.flat_update = not flat
+  per_array = _run_ours(optim.build(pretrain_experiment.recipe(train_cfg)).tx, _tree(params),
+                        [_tree(g) for g in grads])
   _assert_steps_equal(adamw, per_array, {k: k for k in names})
 
 
@@ -164,7 +168,8 @@ def test_official_finetuning_optimizer_is_the_official_update_rule(flat):
   params, grads = _random_problem(shapes, steps=6, seed=1)
   train_cfg = finetune_config.base_config().train
   train_cfg.update(optimizer="official", learning_rate=0.05, warmup_fraction=0.3, layer_decay=0.8, weight_decay=0.3)
-  tx, _ = experiment.optimizer(train_cfg, num_steps=10, num_layers=2, flat=flat)
+  train_cfg.flat_update = flat
+  tx = optim.build(experiment.recipe(train_cfg, num_steps=10, num_layers=2)).tx
   ours = _run_ours(tx, _tree(params), [_tree(g) for g in grads])
   as_official = lambda flat: {names[k]: x.astype(np.float64) for k, x in flat.items()}
   theirs = _official_steps(as_official(params), [as_official(g) for g in grads], 0.05, 10, 10 * 0.3, 0.3,
@@ -178,11 +183,11 @@ def test_a_wrong_optimizer_is_refused():
   train_cfg = config_lib.base("tiny").train
   train_cfg.optimizer = "adam"
   with pytest.raises(ValueError, match=re.escape(message)):
-    optim.pretraining(train_cfg)
+    pretrain_experiment.recipe(train_cfg)
   ft = finetune_config.base_config().train
   ft.optimizer = "adam"
   with pytest.raises(ValueError, match=re.escape(message)):
-    experiment.optimizer(ft, num_steps=10, num_layers=2)
+    experiment.recipe(ft, num_steps=10, num_layers=2)
 
 
 @pytest.mark.slow
@@ -218,7 +223,7 @@ def test_layer_decay_exponents_are_the_official_ones(num_layers, task_type):
   got, depths = {}, set()
   for path in flat:
     keys = [jax.tree_util.DictKey(k) for k in path]
-    got[path] = experiment.lr_multiplier(keys, num_layers, 0.8)
+    got[path] = optim.lr_multiplier(keys, num_layers, 0.8)
     depths.add(_official_depth(path, num_layers))
     np.testing.assert_allclose(got[path], 0.8 ** (num_layers + 2 - _official_depth(path, num_layers)), rtol=1e-12,
                                err_msg=str(path))

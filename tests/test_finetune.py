@@ -18,6 +18,7 @@ from electra_jax.finetune import experiment, tasks
 from electra_jax.finetune import model as model_lib
 from electra_jax.hf import directory as hf_directory
 from electra_jax.model import modeling
+from electra_jax.parallel import optim
 from electra_jax.run import sources
 from electra_jax.run import workdir as workdir_lib
 from tests import helpers
@@ -82,7 +83,7 @@ def test_layerwise_lr_decay_multipliers_of_the_real_optimizer(tiny_data):
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(model_lib.Classifier(mc, 3).init, jax.random.key(0), ids, ids)["params"]
   params = jax.tree.map(lambda x: jnp.zeros(x.shape), nn.meta.unbox(shapes))
-  tx, _ = experiment.optimizer(c.train, num_steps=100, num_layers=L)
+  tx = optim.build(experiment.recipe(c.train, num_steps=100, num_layers=L)).tx
   grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)  # small: global-norm clipping stays out
   update = jax.jit(tx.update)
   _, state = update(grads, tx.init(params), params)

@@ -11,8 +11,9 @@ from electra_jax import config as config_lib
 from electra_jax.finetune import experiment, heads, token_tasks
 from electra_jax.finetune import model as model_lib
 from electra_jax.model import modeling
-from electra_jax.parallel import accumulate, sharding
+from electra_jax.parallel import optim, sharding
 from electra_jax.parallel import state as state_lib
+from electra_jax.parallel import update as update_lib
 
 
 def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
@@ -32,12 +33,14 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
     model, loss = model_lib.Classifier(mc, 3), heads.Classification(["a", "b", "c"]).loss
     labels = rng.integers(0, 3, batch_size).astype(np.int32)
   train = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_fraction=0.0, layer_decay=0.8, weight_decay=0.01,
-                                         adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0))
-  tx, _ = experiment.optimizer(train, 10, mc.discriminator.num_layers)
+                                         adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0,
+                                         optimizer="adamw", flat_update=False))
   mesh = sharding.create_mesh(*mesh)
-  accumulate.check(batch_size, k, mesh.shape["data"] * mesh.shape["fsdp"])
-  sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], tx, mesh)
-  step = sharded.jit_step(functools.partial(experiment.train_step, model=model, tx=tx, loss=loss, accum_steps=k))
+  update_lib.check(batch_size, k, mesh.shape["data"] * mesh.shape["fsdp"])
+  optimizer = optim.build(experiment.recipe(train, 10, mc.discriminator.num_layers), mesh)
+  sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], optimizer.tx, mesh)
+  step = sharded.jit_step(functools.partial(update_lib.step, update_lib.Update(optimizer, k), loss_fn=functools.partial(
+      experiment.train_loss, model=model, loss=loss)))
   batch = jax.device_put({"input_ids": ids, "segment_ids": np.zeros_like(ids), "labels": labels}, sharded.batch)
   state = sharded.init(jax.random.key(0))
   losses = []

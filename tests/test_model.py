@@ -83,7 +83,7 @@ def _tiny(sharing="shared"):
   c.objective.embedding_sharing = sharing
   c.mesh.update(data=1, fsdp=1)
   exp = experiment.create(c, SpecialIds(), devices=jax.devices()[:1])
-  metrics = jax.jit(lambda p, b: objectives.compute_loss(exp.model, p, b, jax.random.key(3), c.objective,
+  metrics = jax.jit(lambda p, b: objectives.compute_loss(exp.model, p, b, jax.random.key(3), exp.objective,
                                                          exp.special)[1])
   return exp, exp.sharded.init(jax.random.key(0)).params, metrics
 

@@ -211,7 +211,8 @@ def test_uniform_replacement_trains_discriminator_alone():
   assert set(params) == {"embeddings", "discriminator", "discriminator_head"}
   ids = _batch(np.random.default_rng(1), batch=64)
   loss, metrics = objectives.compute_loss(model, params, {"input_ids": ids, "segment_ids": jnp.zeros_like(ids)},
-                                          jax.random.key(2), c.objective, SPECIAL, deterministic=True)
+                                          jax.random.key(2), objectives.ObjectiveConfig.from_config(c), SPECIAL,
+                                          deterministic=True)
   non_pad = np.asarray(ids != SPECIAL.pad)
   maskable = non_pad & np.asarray((ids != SPECIAL.cls) & (ids != SPECIAL.sep))
   expected = 0.15 * maskable.sum() / non_pad.sum()

@@ -110,7 +110,7 @@ def test_second_phase_at_a_longer_seq_len(tiny_data, tmp_path, monkeypatch):
            for p0, p1, u, decays in zip(*(jax.tree.leaves(t) for t in (end.params, after.params, direction,
                                                                           optim.decay_mask(end.params))))
            if not decays]
-  rates, schedule = np.concatenate(rates), optim.pretraining(c)[1]
+  rates, schedule = np.concatenate(rates), optim.build(experiment.recipe(c)).schedule
   assert rates.size > 1000
   np.testing.assert_allclose(rates, schedule(4), rtol=1e-3)
   assert schedule(4) > 0.5 * c.learning_rate  # and far from schedule(0) = 0

@@ -7,14 +7,12 @@ folded with the step, so a run resumed from a checkpoint ends as an uninterrupte
 import dataclasses
 import functools
 import math
-import re
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from electra_jax.data import input_pipeline
 from electra_jax.data import tokenizer as tokenizer_lib
@@ -22,28 +20,18 @@ from electra_jax.finetune import tasks
 from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.heads import Head, load_task, Split
 from electra_jax.model import modeling
-from electra_jax.parallel import accumulate, aot, optim, sharding
+from electra_jax.parallel import aot, optim, sharding
 from electra_jax.parallel import state as state_lib
+from electra_jax.parallel import update as update_lib
 from electra_jax.run import sources
 
 
-def train_step(state: state_lib.TrainState, batch, rng, *, model, tx, loss, accum_steps=1, flat=False):
-  """One optax update from the gradient of `accum_steps` micro-batches of `batch` (accumulate.py), applied only where
-  it is finite (state.apply_gradients); `flat`: whether the update is flat (optim.py)."""
-  step_rng = jax.random.fold_in(rng, state.step)
-
-  def loss_and_grad(micro, rows):
-    # A dropout key per micro-batch (its first row's index); with one micro-batch, the step's key as before.
-    key = jax.random.fold_in(step_rng, rows[0]) if accum_steps > 1 else step_rng
-
-    def loss_fn(params):
-      outputs = model.apply({"params": params}, micro["input_ids"], micro["segment_ids"], deterministic=False,
-                            rngs={"dropout": key})
-      return loss(outputs, micro), {}
-    return jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-
-  (value, _), grads = accumulate.gradients(loss_and_grad, batch, accum_steps)
-  return state_lib.apply_gradients(state, value, grads, tx, flat)
+def train_loss(params, batch, rows, rng, *, model, loss):
+  """The head's `loss` of the rows `rows` of a batch, dropout keyed on the step's `rng` folded with its first row:
+  what update.step takes the gradient of."""
+  outputs = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], deterministic=False,
+                        rngs={"dropout": jax.random.fold_in(rng, rows[0])})
+  return loss(outputs, batch), {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,31 +66,12 @@ def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
 
 
-def lr_multiplier(path, num_layers: int, decay: float) -> float:
-  """Layer-wise LR decay as the official _get_layer_lrs: depth 0 for the embeddings (and their projection), i + 1
-  for encoder layer i, L + 2 for the task head, and lr · decay^(L + 2 - depth): the embeddings decay^(L+2), layer i
-  decay^(L+1-i), the head 1."""
-  names = [getattr(k, "key", str(k)) for k in path]
-  if "electra" not in names:
-    return 1.0
-  layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
-  return decay ** (num_layers + 1 - layer[0] if layer else num_layers + 2)
-
-
-def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
-  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
-  (weight decay included, as in the official code)."""
-  def update(updates, state, params=None):
-    del params
-    return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def optimizer(train, num_steps: int, num_layers: int, flat: bool = False):
-  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps (over one flat vector if `flat`:
-  optim.flat_update), and layer-wise LR decay."""
-  tx, schedule = optim.build(train, train.warmup_fraction * num_steps, num_steps, flat=flat)
-  return optax.chain(tx, layerwise_lr_decay(num_layers, train.layer_decay)), schedule
+def recipe(train: ml_collections.ConfigDict, num_steps: int, num_layers: int) -> optim.Recipe:
+  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, flat where train.flat_update
+  asks, and layer-wise LR decay over the encoder's `num_layers` (train.learning_rate and train.layer_decay as they
+  are: build_steps resolves them)."""
+  return optim.Recipe(**{k: train[k] for k in optim.Recipe.KEYS}, warmup_steps=train.warmup_fraction * num_steps,
+                      total_steps=num_steps, layer_decay=train.layer_decay, num_layers=num_layers)
 
 
 def encoder_config(ft: ml_collections.ConfigDict, src: modeling.ModelConfig) -> modeling.ModelConfig:
@@ -203,22 +172,22 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
                 devices=None) -> Steps:
   """The optimiser (train.* with the rate and decay resolved) and the jitted train and predict steps on the mesh of
   `devices` (default: this host's)."""
-  train_config = ft.train.copy_and_resolve_references()
-  train_config.learning_rate = learning_rate(ft.train.learning_rate, mc)
-  train_config.layer_decay = layer_decay(ft.train.layer_decay, mc)
+  given = recipe(ft.train, num_steps, mc.discriminator.num_layers)
+  resolved = dataclasses.replace(given, learning_rate=learning_rate(given.learning_rate, mc),
+                                 layer_decay=layer_decay(given.layer_decay, mc))
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
-  flat = optim.flat_update(train_config.get("flat_update", False), mesh)
-  tx, schedule = optimizer(train_config, num_steps, mc.discriminator.num_layers, flat=flat)
   sharding.check_batch(ft.train.batch_size, mesh)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
-  accumulate.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  update_lib.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  optimizer = optim.build(resolved, mesh)
   model = head.model(mc)
   dummy = jnp.zeros((1, seq_len), jnp.int32)
-  sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], tx, mesh)
-  step_fn = sharded.jit_step(functools.partial(train_step, model=model, tx=tx, loss=head.loss,
-                                               accum_steps=ft.train.grad_accum_steps, flat=flat))
+  sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer.tx, mesh)
+  update = update_lib.Update(optimizer, ft.train.grad_accum_steps)
+  step_fn = sharded.jit_step(functools.partial(update_lib.step, update, loss_fn=functools.partial(
+      train_loss, model=model, loss=head.loss)))
   predict = sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"]))
-  return Steps(train_config.learning_rate, train_config.layer_decay, schedule, sharded, step_fn, predict)
+  return Steps(resolved.learning_rate, resolved.layer_decay, optimizer.schedule, sharded, step_fn, predict)
 
 
 def compile_targets(ft: ml_collections.ConfigDict, head: Head, steps: Steps, seq_len: int) -> list:

@@ -57,10 +57,10 @@ class Costs(NamedTuple):
   stage_fraction: float  # two_stage_fraction
 
 
-def costs(mc: modeling.ModelConfig, objective: ml_collections.ConfigDict, batch: int, seq_len: int,
+def costs(mc: modeling.ModelConfig, objective: objectives.ObjectiveConfig, batch: int, seq_len: int,
           two_stage_fraction: float | None = None) -> Costs:
-  """The pieces of one training step of the model `mc` under the `objective` section at `batch` × `seq_len`, which
-  the objective's registry entry adds up (objectives.Objective.flops)."""
+  """The pieces of one training step of the model `mc` under `objective` at `batch` × `seq_len`, which the
+  objective's registry entry adds up (objectives.Objective.flops)."""
   d, g = mc.discriminator, mc.generator
   masked = batch * masking.max_predictions(objective.mask_prob, seq_len)
   return Costs(
@@ -76,8 +76,9 @@ def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | No
   """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
   `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's). A pre-training Experiment holds its own
   (Experiment.step_flops)."""
-  return objectives.get(config.objective.name).flops(costs(
-      modeling.ModelConfig.from_config(config), config.objective, config.train.batch_size, config.data.seq_len,
+  objective = objectives.ObjectiveConfig.from_config(config)
+  return objectives.get(objective.name).flops(costs(
+      modeling.ModelConfig.from_config(config), objective, config.train.batch_size, config.data.seq_len,
       two_stage_fraction))
 
 

@@ -1,11 +1,10 @@
 """The pieces every objective's loss is made of (objectives.py and two_stage.py compose them): what a loss reads
 (Batch), G's masked-LM loss, corruption by G's samples, D's replaced-token loss, and their metrics (top-1 accuracy,
 precision/recall counts, ROC AUC)."""
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from electra_jax.data.special_ids import SpecialIds
@@ -24,7 +23,7 @@ class Batch(NamedTuple):
   keys: dict  # "sample", "generator", "discriminator": the step's randomness, split once
   rows: jax.Array  # [B] each row's index in the global batch: what its random draws are keyed on (sampling.per_row)
   deterministic: bool
-  objective: ml_collections.ConfigDict
+  objective: Any  # objectives.ObjectiveConfig
 
   def apply(self, method, *args, key: str, params=None, **kwargs):
     return self.model.apply({"params": self.params if params is None else params}, *args,

@@ -64,11 +64,9 @@ class ModelConfig:
                        f"(model.max_position_embeddings={m.max_position_embeddings})")
     if m.dtype not in DTYPES:
       raise ValueError(f"model.dtype={m.dtype!r}: expected one of {', '.join(DTYPES)}")
-    # .get: config.json of workdirs from before the key was added lacks it.
-    attention_impl = m.get("attention_impl", "einsum")
-    if attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(f"model.attention_impl={attention_impl!r}: expected one of {', '.join(ATTENTION_IMPLS)}")
-    if attention_impl == "fused" and m.attention_dropout_rate > 0:
+    if m.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"model.attention_impl={m.attention_impl!r}: expected one of {', '.join(ATTENTION_IMPLS)}")
+    if m.attention_impl == "fused" and m.attention_dropout_rate > 0:
       raise ValueError("model.attention_impl='fused' cannot drop attention probabilities (jax.nn.dot_product_attention "
                        f"has no dropout): set model.attention_dropout_rate=0 (got {m.attention_dropout_rate}) "
                        "or use model.attention_impl=einsum")
@@ -81,8 +79,8 @@ class ModelConfig:
                type_vocab_size=m.type_vocab_size, dropout_rate=m.dropout_rate,
                attention_dropout_rate=m.attention_dropout_rate, initializer_range=m.initializer_range,
                layer_norm_eps=m.layer_norm_eps, dtype=m.dtype, remat=m.remat,
-               embedding_sharing=config.objective.embedding_sharing, attention_impl=attention_impl,
-               scan_layers=m.get("scan_layers", False), one_hot_embeddings=m.get("one_hot_embeddings", False))
+               embedding_sharing=config.objective.embedding_sharing, attention_impl=m.attention_impl,
+               scan_layers=m.scan_layers, one_hot_embeddings=m.one_hot_embeddings)
 
   @property
   def compute_dtype(self):

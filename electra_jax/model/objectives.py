@@ -1,6 +1,7 @@
 """What ELECTRA trains on: the losses of ELECTRA and of the paper's baselines and ablations, made of losses.py's
-pieces. OBJECTIVES holds one entry per objective.name: its loss, the parameters it initialises, the FLOPs of its step
-and, where it needs one, a wrapper of the optimiser step; adding an objective is an entry here (and a test).
+pieces. OBJECTIVES holds one entry per objective.name: its loss, the parameters it initialises and the FLOPs of its
+step; adding an objective is an entry here (and a test). ObjectiveConfig is the objective section as the step reads
+it.
 
   electra         L_MLM(G) + λ·L_Disc(D), the discriminator loss over every non-pad token
   electra_15      as electra, but L_Disc only over the masked positions
@@ -106,21 +107,12 @@ def _init_all_tokens_mlm(m: modeling.Electra, ids, seg, positions):
   return m.generator_logits(ids, seg, positions), m.discriminator_mlm_logits(ids, seg, None, copy=True)
 
 
-def _unwrapped(config, tx, update):
-  """The optimiser update as it is: every objective's but two_stage's."""
-  del config, tx
-  return update
-
-
 @dataclasses.dataclass(frozen=True)
 class Objective:
-  loss: Callable  # (Batch, **what wrap_update's gradient passes) -> (loss, metrics)
+  loss: Callable  # (Batch, [stage=1 or 2: two_stage's]) -> (loss, metrics)
   init: Callable  # (module, input_ids, segment_ids, positions): the forward passes whose parameters it trains
   flops: Callable[..., float]  # (flops.Costs) -> one training step's FLOPs, from its pieces
   bert_masking: bool = False  # mask 80/10/10 (BERT) instead of ELECTRA's 85/15
-  # (config, tx, update) -> the train step's optimiser update, (state, grad) -> (state, metrics): as it is, or
-  # wrapped (two_stage: the stage switch).
-  wrap_update: Callable = _unwrapped
 
 
 OBJECTIVES = {
@@ -136,7 +128,7 @@ OBJECTIVES = {
     # The run's mean step: f of G's training, then 1 − f of G's forward (a third of its training) and D's training.
     "two_stage": Objective(two_stage.loss, _init_replaced_token_detection,
                            lambda c: c.stage_fraction * c.generator + (1 - c.stage_fraction) * (
-                               c.generator / 3 + c.discriminator + c.rtd_head), wrap_update=two_stage.wrap_update),
+                               c.generator / 3 + c.discriminator + c.rtd_head)),
     "uniform_replacement": Objective(uniform_replacement_loss, _init_discriminator,
                                      lambda c: c.discriminator + c.rtd_head),
 }
@@ -148,14 +140,45 @@ def get(name: str) -> Objective:
   return OBJECTIVES[name]
 
 
-def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ml_collections.ConfigDict,
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+  """The objective section as the step reads it, checked: the objective's name, its masking and weights, and for
+  two_stage the step that starts stage 2 (switch_step; 0 for the others)."""
+  name: str
+  mask_prob: float
+  disc_weight: float
+  temperature: float
+  two_stage_fraction: float
+  whole_word_masking: bool = False
+  switch_step: int = 0
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "ObjectiveConfig":
+    o = config.objective
+    get(o.name)
+    masking.check_masking(o.mask_prob, config.data.seq_len)
+    switch = 0
+    if o.name == "two_stage":  # D starts as a copy of G, so both need the same sizes and their own weights
+      if config.model.generator_fraction != 1.0:
+        raise ValueError(f"objective.name=two_stage initialises D from G, so it needs model.generator_fraction=1.0 "
+                         f"(got {config.model.generator_fraction})")
+      if o.embedding_sharing != "untied":
+        raise ValueError("objective.name=two_stage needs separate G and D weights: objective.embedding_sharing=untied "
+                         f"(got {o.embedding_sharing!r})")
+      if not 0 < o.two_stage_fraction < 1:
+        raise ValueError(f"objective.two_stage_fraction={o.two_stage_fraction} must be in (0, 1)")
+      switch = max(1, round(o.two_stage_fraction * config.train.num_steps))
+    return cls(o.name, o.mask_prob, o.disc_weight, o.temperature, o.two_stage_fraction, o.whole_word_masking, switch)
+
+
+def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ObjectiveConfig,
                  special: SpecialIds, word_starts=None, *, rows: jax.Array | None = None, deterministic: bool = False,
                  **loss_args):
   """The training loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and the
   metrics that come with it. Pure: all randomness derives from `rng`, masking's and sampling's per row, keyed on
   `rows` (each row's index in the global batch; default 0, 1, ...), so a micro-batch's rows draw what they would in
   the whole batch. `word_starts`: the tokenizer's ([vocab_size] bool), for objective.whole_word_masking. `loss_args`
-  go to the objective's loss (what its wrap_update passes, e.g. two_stage's stage)."""
+  go to the objective's loss (two_stage's stage)."""
   entry = get(objective.name)
   ids = batch["input_ids"]
   rows = jnp.arange(ids.shape[0]) if rows is None else rows

@@ -16,11 +16,13 @@ the mesh splits the weights over fsdp, each device's shards of them are one row 
 the flat update moves no data between devices. The moments are then flat in the checkpoint, a layout of its own
 (checkpoints.py names the switch when they differ).
 """
+import dataclasses
+import re
+
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -58,7 +60,8 @@ def decay_mask(params):
 
 def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
   """Adam's direction m / (√v + ε) without bias correction, as the official AdamWeightDecayOptimizer (optax's
-  scale_by_adam always corrects). Its state is optax's ScaleByAdamState, so that two_stage's Adam restart finds it."""
+  scale_by_adam always corrects). Its state is optax's ScaleByAdamState, as scale_by_adam's: one layout for both
+  recipes (Optimizer.restart finds it)."""
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
@@ -127,12 +130,6 @@ class FlatLayout:
     return jnp.moveaxis(rows.reshape((f,) + shape[:d] + (shape[d] // f,) + shape[d + 1:]), 0, d).reshape(shape)
 
 
-def flat_update(wanted: bool, mesh: jax.sharding.Mesh) -> FlatLayout | None:
-  """The flat update's layout on `mesh` if it runs flat: as train.flat_update (`wanted`) asks, and not on TPUs, where
-  XLA fuses the per-array update well and the flat one's copies cost more (docs/tpu.md, docs/benchmarks.md)."""
-  return FlatLayout(mesh) if wanted and mesh.devices.flat[0].platform != "tpu" else None
-
-
 def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.GradientTransformation:
   """`inner` over the weights flattened by `layout` (optax.flatten, with the weights' split over devices kept)."""
   def init(params):
@@ -144,41 +141,92 @@ def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.Gr
   return optax.GradientTransformation(init, update)
 
 
-def build(train: ml_collections.ConfigDict, warmup_steps: float, total_steps: int, mask=decay_mask,
-          flat: FlatLayout | bool | None = None):
-  """(optimiser, learning-rate schedule) of train.optimizer's recipe over total_steps; flat if `flat` (flat_update's
-  layout; True: whole arrays)."""
-  # .get: config.json of workdirs from before the key was added lacks it.
-  name = train.get("optimizer", "adamw")
-  if name not in OPTIMIZERS:
-    raise ValueError(f"train.optimizer={name!r}: expected one of {', '.join(OPTIMIZERS)}")
-  if name == "adamw":  # optax.adamw's chain, spelt out so the flat update can take its direction alone
-    schedule = learning_rate_schedule(train.learning_rate, int(warmup_steps), total_steps)
-    direction = optax.scale_by_adam(train.adam_b1, train.adam_b2, train.adam_eps)
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The optimiser of one run, from the config's train section (pre-training's or fine-tuning's): train.optimizer's
+  recipe over `total_steps` with `warmup_steps` of warm-up, flat where train.flat_update asks (flat_update), and, with
+  a `layer_decay`, each weight's update scaled by its layer's rate (lr_multiplier: fine-tuning's encoder of
+  `num_layers` layers)."""
+  optimizer: str
+  learning_rate: float
+  warmup_steps: float
+  total_steps: int
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
+  weight_decay: float
+  clip_norm: float
+  flat_update: bool
+  layer_decay: float | None = None
+  num_layers: int = 0
+
+  KEYS = ("optimizer", "learning_rate", "adam_b1", "adam_b2", "adam_eps", "weight_decay", "clip_norm", "flat_update")
+
+  def __post_init__(self):
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"train.optimizer={self.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """A recipe built for one mesh: the optax transformation, its learning-rate schedule (also logged) and the flat
+  update's layout (None: per array)."""
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  flat: FlatLayout | None
+
+  def restart(self, opt_state, params):
+    """opt_state with Adam's moments and step count as at init (both recipes keep them in a ScaleByAdamState), the
+    rest (the learning-rate schedule's count) as it was."""
+    is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)
+    return jax.tree.map(lambda s, f: f if is_adam(s) else s, opt_state, self.tx.init(params), is_leaf=is_adam)
+
+
+def build(recipe: Recipe, mesh: jax.sharding.Mesh | None = None) -> Optimizer:
+  """`recipe`'s optimiser on `mesh` (none: one device)."""
+  if recipe.optimizer == "adamw":  # optax.adamw's chain, spelt out so the flat update can take its direction alone
+    schedule = learning_rate_schedule(recipe.learning_rate, int(recipe.warmup_steps), recipe.total_steps)
+    direction = optax.scale_by_adam(recipe.adam_b1, recipe.adam_b2, recipe.adam_eps)
   else:
-    schedule = official_schedule(train.learning_rate, warmup_steps, total_steps)
-    direction = scale_by_adam_uncorrected(train.adam_b1, train.adam_b2, train.adam_eps)
-  clip = optax.clip_by_global_norm(train.clip_norm)
-  decay_and_rate = (optax.add_decayed_weights(train.weight_decay, mask), optax.scale_by_learning_rate(schedule))
+    schedule = official_schedule(recipe.learning_rate, recipe.warmup_steps, recipe.total_steps)
+    direction = scale_by_adam_uncorrected(recipe.adam_b1, recipe.adam_b2, recipe.adam_eps)
+  clip = optax.clip_by_global_norm(recipe.clip_norm)
+  decay_and_rate = (optax.add_decayed_weights(recipe.weight_decay, decay_mask), optax.scale_by_learning_rate(schedule))
+  # Not on TPUs, where XLA fuses the per-array update well and the flat one's copies cost more (docs/tpu.md).
+  flat = FlatLayout(mesh) if recipe.flat_update and (mesh is None or mesh.devices.flat[0].platform != "tpu") else None
   if flat:  # the decay and the rate per array, where they fuse with the weights' own update
-    return optax.chain(flatten(optax.chain(clip, direction), _layout(flat)), *decay_and_rate), schedule
-  return optax.chain(clip, optax.chain(direction, *decay_and_rate)), schedule
+    tx = optax.chain(flatten(optax.chain(clip, direction), flat), *decay_and_rate)
+  else:
+    tx = optax.chain(clip, optax.chain(direction, *decay_and_rate))
+  if recipe.layer_decay is not None:
+    tx = optax.chain(tx, layerwise_lr_decay(recipe.num_layers, recipe.layer_decay))
+  return Optimizer(tx, schedule, flat)
 
 
-def global_norm(grads, flat: FlatLayout | bool | None) -> jax.Array:
+def global_norm(grads, flat: FlatLayout | None) -> jax.Array:
   """The gradient's global norm (the steps' grad_norm), as the update takes it: with the flat update, of the arrays
   it flattens to (the same flattening, which XLA computes once), a reduction each. The barrier keeps them whole: XLA
-  would split a reduction over a concatenation back into one per array, hundreds of small kernels (a quarter of the
-  Small step's fusions on a CPU)."""
+  would split a reduction over a concatenation back into one per array, hundreds of small kernels."""
   if not flat:
     return optax.global_norm(grads)
-  return optax.global_norm(jax.lax.optimization_barrier(_layout(flat).flatten(grads)))
+  return optax.global_norm(jax.lax.optimization_barrier(flat.flatten(grads)))
 
 
-def _layout(flat: FlatLayout | bool) -> FlatLayout:
-  return flat if isinstance(flat, FlatLayout) else FlatLayout()
+def lr_multiplier(path, num_layers: int, decay: float) -> float:
+  """Layer-wise LR decay as the official _get_layer_lrs: depth 0 for the embeddings (and their projection), i + 1
+  for encoder layer i, L + 2 for the task head, and lr · decay^(L + 2 - depth): the embeddings decay^(L+2), layer i
+  decay^(L+1-i), the head 1. The encoder is what sits under an `electra` module (fine-tuning's models)."""
+  names = [getattr(k, "key", str(k)) for k in path]
+  if "electra" not in names:
+    return 1.0
+  layer = [int(n[len("layer_"):]) for n in names if re.fullmatch(r"layer_\d+", n)]
+  return decay ** (num_layers + 1 - layer[0] if layer else num_layers + 2)
 
 
-def pretraining(train: ml_collections.ConfigDict, flat: FlatLayout | bool | None = None):
-  """The pre-training optimiser and its schedule (the schedule is also logged)."""
-  return build(train, train.warmup_steps, train.num_steps, flat=flat)
+def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
+  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
+  (weight decay included, as in the official code)."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

@@ -1,15 +1,14 @@
-"""The train state, its one sharded init and its one update: pre-training and fine-tuning both build theirs here, and
-jit their steps over it with sharding.Sharded, so both get the same placement, donation and activation-sharding rules,
-and the same guard against a non-finite update."""
+"""The train state and its one sharded init: pre-training and fine-tuning both build theirs here, and jit their steps
+over it with sharding.Sharded, so both get the same placement, donation and activation-sharding rules (update.py
+holds the one update of it)."""
 from typing import Any, Callable
 
 import flax
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
 
-from electra_jax.parallel import optim, sharding
+from electra_jax.parallel import sharding
 
 
 @flax.struct.dataclass
@@ -17,23 +16,6 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
-
-
-def apply_gradients(state: TrainState, loss: jax.Array, grads, tx: optax.GradientTransformation,
-                    flat: optim.FlatLayout | None) -> tuple[TrainState, dict]:
-  """`state` after one optax update by `grads` (of `loss`; `flat`: the flat update's, optim.py), applied only where
-  the loss and the gradient's global norm are finite: otherwise the step keeps the parameters and optimiser state as
-  they were and only counts (optax's apply_if_finite, over the whole state). The test is two scalars the update
-  computes anyway (clipping takes the norm first), so the choice fuses into the update's own kernels; weights an
-  update makes non-finite are the loop's to catch before a save (loop.Guard). Returns the state and the metrics
-  loss, grad_norm and skipped (1 for a step not applied; the loop counts them in a row)."""
-  grad_norm = optim.global_norm(grads, flat)
-  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  kept = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  new = TrainState(step=state.step + 1, params=kept(params, state.params), opt_state=kept(opt_state, state.opt_state))
-  return new, dict(loss=loss, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
 
 
 def create(init_params: Callable[[jax.Array], Any], tx: optax.GradientTransformation,

@@ -1,5 +1,7 @@
-"""What one pre-training config compiles: the model, the optimiser, the one pure train step and the evaluation step,
-jitted over the mesh (state.py, sharding.py), and the evaluation that sums on device."""
+"""What one pre-training config compiles: the model, the optimiser, the one pure train step (ELECTRA's loss under
+parallel/update.py's update) and the evaluation step, jitted over the mesh (state.py, sharding.py), and the
+evaluation that sums on device. The config's sections become frozen dataclasses here, once (ObjectiveConfig,
+ModelConfig, optim.Recipe): the traced code reads those."""
 import dataclasses
 import functools
 from typing import Callable
@@ -11,42 +13,17 @@ import numpy as np
 import optax
 
 from electra_jax.data.special_ids import SpecialIds
-from electra_jax.model import flops, losses, masking, modeling, objectives
-from electra_jax.parallel import accumulate, aot, optim, sharding
+from electra_jax.model import flops, losses, modeling, objectives, two_stage
+from electra_jax.parallel import aot, optim, sharding
 from electra_jax.parallel import state as state_lib
-from electra_jax.parallel.state import TrainState
+from electra_jax.parallel import update as update_lib
 
 
-def train_step(state: TrainState, batch, rng, *, model, update, objective, special, word_starts=None, accum_steps=1,
-               nan_at_step=0):
-  """mask → G → sample → stop_gradient → D → loss → `update`: one optax update of G and D together, as the objective
-  wraps it (objectives.Objective.wrap_update), with the gradient of `accum_steps` micro-batches (accumulate.py).
-  Pure: the step's randomness is `rng` folded with the step number (and, for masking and sampling, each row's index).
-  `nan_at_step` (train.debug_nan_at_step) makes the loss of that step NaN, to test the loop's guard."""
-  step_rng = jax.random.fold_in(rng, state.step)
-
-  def loss_fn(params, micro, rows, **loss_args):  # loss_args: what the objective's wrapped update asks of its loss
-    loss, metrics = objectives.compute_loss(model, params, micro, step_rng, objective, special, word_starts,
-                                            rows=rows, **loss_args)
-    if nan_at_step:
-      loss *= jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
-    return loss, metrics
-
-  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
-
-  def grad(params, **loss_args):
-    return accumulate.gradients(lambda micro, rows: value_and_grad(params, micro, rows, **loss_args), batch,
-                                accum_steps, summed=losses.SUMMED_METRICS)
-
-  return update(state, grad)
-
-
-def _optimiser_step(state: TrainState, grad, *, tx, flat: bool):
-  """One gradient (`grad`: params -> ((loss, metrics), grads)) and one optax update of the parameters, applied only
-  where it is finite (state.apply_gradients; `flat`: the flat update's, optim.py)."""
-  (loss, metrics), grads = grad(state.params)
-  state, update_metrics = state_lib.apply_gradients(state, loss, grads, tx, flat)
-  return state, metrics | update_metrics
+def train_loss(params, batch, rows, rng, *, model, objective, special, word_starts=None,
+               **stage):
+  """mask → G → sample → stop_gradient → D → loss, of the rows `rows` of a batch (objectives.compute_loss): what
+  update.step takes the gradient of, for one update of G and D together."""
+  return objectives.compute_loss(model, params, batch, rng, objective, special, word_starts, rows=rows, **stage)
 
 
 def scanned(step: Callable, k: int) -> Callable:
@@ -70,6 +47,7 @@ class Experiment:
   """Everything compiled for one config on one mesh: the model, the optimiser, the shardings and the jitted steps."""
   config: ml_collections.ConfigDict
   model: modeling.Electra
+  objective: objectives.ObjectiveConfig
   special: SpecialIds
   schedule: optax.Schedule
   sharded: sharding.Sharded
@@ -80,38 +58,43 @@ class Experiment:
   step_batch: jax.sharding.NamedSharding | None = None  # the layout of `step`'s batch argument
 
 
+def recipe(train: ml_collections.ConfigDict) -> optim.Recipe:
+  """The pre-training optimiser of the train section: train.optimizer's recipe over train.num_steps."""
+  return optim.Recipe(**{k: train[k] for k in optim.Recipe.KEYS}, warmup_steps=train.warmup_steps,
+                      total_steps=train.num_steps)
+
+
 def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None,
            word_starts=None) -> Experiment:
   """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
-  objective = objectives.get(config.objective.name)
-  mesh = sharding.create_mesh(**config.mesh, devices=devices)
-  # .get: config.json of workdirs from before the key was added lacks it (their optimiser state is per array).
-  flat = optim.flat_update(config.train.get("flat_update", False), mesh)
-  tx, schedule = optim.pretraining(config.train, flat=flat)
-  # wrap_update checks two_stage's config
-  update = objective.wrap_update(config, tx, functools.partial(_optimiser_step, tx=tx, flat=flat))
-  masking.check_masking(config.objective.mask_prob, config.data.seq_len)
-  if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
+  objective = objectives.ObjectiveConfig.from_config(config)
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+  train, seq_len = config.train, config.data.seq_len
+  if objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
-  sharding.check_batch(config.train.batch_size, mesh)
-  accum_steps = config.train.grad_accum_steps
-  accumulate.check(config.train.batch_size, accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
-  model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  step_flops = objective.flops(flops.costs(model.config, config.objective, config.train.batch_size,
-                                           config.data.seq_len))
-  sharded = state_lib.create(functools.partial(objectives.init_params, model, config.objective.name,
-                                               config.data.seq_len), tx, mesh)
+  given = recipe(train)
+  mesh = sharding.create_mesh(**config.mesh, devices=devices)
+  sharding.check_batch(train.batch_size, mesh)
+  update_lib.check(train.batch_size, train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  optimizer = optim.build(given, mesh)
+  stages = update_lib.Stages(objective.switch_step, two_stage.discriminator_from_generator,
+                             two_stage.trained_in_stage1) if objective.switch_step else None
+  update = update_lib.Update(optimizer, train.grad_accum_steps, losses.SUMMED_METRICS, stages,
+                             train.debug_nan_at_step)
+  step_flops = objectives.get(objective.name).flops(flops.costs(model.config, objective, train.batch_size, seq_len))
+  sharded = state_lib.create(functools.partial(objectives.init_params, model, objective.name, seq_len),
+                             optimizer.tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
-  kw = dict(model=model, objective=config.objective, special=special, word_starts=words)
-  step = functools.partial(train_step, update=update, accum_steps=accum_steps,
-                           nan_at_step=config.train.debug_nan_at_step, **kw)
-  k = config.train.get("steps_per_dispatch", 1)  # .get: config.json of workdirs from before the key was added
+  kw = dict(model=model, objective=objective, special=special, word_starts=words)
+  step = functools.partial(update_lib.step, update, loss_fn=functools.partial(train_loss, **kw))
+  k = train.steps_per_dispatch
   stepping = sharded if k == 1 else dataclasses.replace(sharded, batch=stacked(sharded.batch))
   evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
-  return Experiment(config, model, special, schedule, sharded, stepping.jit_step(step if k == 1 else scanned(step, k)),
-                    evaluate_batch, step_flops, k, stepping.batch)
+  return Experiment(config, model, objective, special, optimizer.schedule, sharded,
+                    stepping.jit_step(step if k == 1 else scanned(step, k)), evaluate_batch, step_flops, k,
+                    stepping.batch)
 
 
 def stacked(batch: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:

@@ -4,7 +4,7 @@ import copy
 import json
 import math
 
-from electra_jax.model import objectives, two_stage
+from electra_jax.model import objectives
 from electra_jax.model import flops as flops_lib
 
 REFERENCE = "electra"  # budget_steps counts steps of this objective
@@ -30,7 +30,7 @@ def flops_counter(config):
   if config.objective.name != "two_stage":
     per_step = flops_lib.step_flops(config)
     return lambda step: step * per_step
-  switch = two_stage.switch_step(config)
+  switch = objectives.ObjectiveConfig.from_config(config).switch_step
   stage1, stage2 = flops_lib.step_flops(config, 1.0), flops_lib.step_flops(config, 0.0)
   return lambda step: min(step, switch) * stage1 + max(0, step - switch) * stage2
 
