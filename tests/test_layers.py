@@ -125,17 +125,12 @@ def test_a_runs_plan_is_decided_at_its_entrance():
 # SpecialIds, a sources.Source, counts), not the run's ConfigDict. Those that still take one, and why; the list is
 # exact, and may shrink, never grow.
 BELOW_COMMANDS = ("model.modeling", "parallel.sharding", "parallel.state", "model.objectives", "parallel.optim",
-                  "parallel.accumulate", "model.masking", "model.losses", "model.sampling", "model.two_stage",
+                  "parallel.update", "model.masking", "model.losses", "model.sampling", "model.two_stage",
                   "run.weights", "run.sources", "data.corpus", "data.input_pipeline", "data.packing", "data.prepared",
                   "data.pretraining", "data.task_rows")
 TAKE_A_CONFIGDICT = {
     "model.modeling.from_config": "where a config becomes the typed ModelConfig",
-    "parallel.optim.build": "the train section: the optimiser recipe's keys",
-    "parallel.optim.pretraining": "the train section",
-    "model.objectives.compute_loss": "the objective section, read inside the step (losses.Batch carries it)",
-    "model.objectives._unwrapped": "the registry's wrap_update hook, whose one user is two_stage's",
-    "model.two_stage.wrap_update": "its switch step",
-    "model.two_stage.switch_step": "checks sizes, sharing and fraction",
+    "model.objectives.from_config": "where the objective section becomes the typed ObjectiveConfig",
     "run.sources.init_source": "train.init_from: its source, and data.tokenizer set in the config electra-prepare "
                                "and the plan resolve",
     "data.input_pipeline.train_iterator": "train.batch_size and seed",
