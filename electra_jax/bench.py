@@ -196,17 +196,16 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
   from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
-  from electra_jax.run import checkpoints, goodput  # pylint: disable=g-import-not-at-top
+  from electra_jax.pretrain import plan as plan_lib  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import goodput  # pylint: disable=g-import-not-at-top
   from electra_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = exp.config
   config.unlock()
   k = exp.steps_per_dispatch
   config.train.num_steps = (warmup + steps + 1) * k  # the last dispatch's evaluation and save fall outside the window
   config_lib.check_counts(config.train, "num_steps", "eval_every")  # as electra-pretrain's plan checks them
-  rng = jax.random.key(config.train.seed)
-  state = exp.sharded.init(rng)
   (_, _, (_, batch, _)), _ = experiment.compile_targets(exp)
-  _, shapes = jax.eval_shape(exp.step, state, batch, rng)
+  _, shapes = jax.eval_shape(exp.step, exp.sharded.abstract(), batch, jax.random.key(0))
   metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   free = dataclasses.replace(exp.sharded, batch=exp.step_batch).jit_step(
       lambda state, batch, rng: (state.replace(step=state.step + k), metrics))
@@ -223,8 +222,7 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
 
   clock = goodput.Clock()
   with tempfile.TemporaryDirectory() as workdir, workdir_lib.Lock(workdir, "electra-bench") as lock:
-    ckpt = checkpoints.Checkpointer(workdir, config, prepared.tokenizer_path)
-    pretrain_loop.drive(exp, prepared, ckpt, lock, clock, state, None, rng, step_fn=step)
+    pretrain_loop.drive(exp, prepared, workdir, lock, clock, plan_lib.Start(), step_fn=step)
   (t0, cpu0, input0, threads0), (t1, cpu1, input1, threads1) = marks[warmup], marks[warmup + steps]
   # Each interval holds its dispatch's after_step: per step, a dispatch's time over its k steps.
   intervals = np.diff([m[0] for m in marks[warmup:warmup + steps + 1]]) / k

@@ -27,11 +27,10 @@ def test_old_config_json_is_read_onto_the_schema(tmp_path, monkeypatch):
   loaded = workdir_lib.load_config(str(tmp_path))
   assert (loaded.version, loaded.train.flat_update, loaded.train.num_steps) == (1, False, 7)
   assert "removed_knob" not in loaded.train and any("train.removed_knob" in w for w in warnings)
-  # The same run resumes when the config says what it ran with; today's default flat update is another run.
+  # The same run when the config says what it ran with; today's default flat update is another run.
   config.train.flat_update = False
-  assert workdir_lib.check_workdir(str(tmp_path), config) == []
-  with pytest.raises(ValueError, match=r"train.flat_update: False -> True"):
-    workdir_lib.check_workdir(str(tmp_path), config_lib.base("tiny"))
+  assert config_lib.changes(loaded, config) == []
+  assert config_lib.changes(loaded, config_lib.base("tiny")) == ["train.flat_update: False -> True"]
 
 
 def test_a_finetuning_workdir_is_read_onto_its_own_schema(tmp_path):
@@ -39,7 +38,8 @@ def test_a_finetuning_workdir_is_read_onto_its_own_schema(tmp_path):
   ft.tokenizer = "t.model"
   (tmp_path / "config.json").write_text(json.dumps(_saved_before_version(ft)))
   ft.train.flat_update = False
-  assert workdir_lib.changes_since(str(tmp_path), ft, ft_config.base_config) == []
+  assert config_lib.changes(workdir_lib.saved_config(str(tmp_path), ft_config.base_config), ft) == []
+  assert workdir_lib.saved_config(str(tmp_path / "none")) is None
 
 
 def test_a_config_json_of_wrong_types_is_one_line(tmp_path):

@@ -86,14 +86,13 @@ def test_activation_constraints_reach_the_step():
 DECISIONS = {"init_source": {"electra_jax.pretrain.plan", "electra_jax.prepare"},
              "sources.resolve": {"electra_jax.finetune.plan", "electra_jax.run.weights"},
              "prepared_lib.find": {"electra_jax.pretrain.plan", "electra_jax.bench"},
-             "check_workdir": {"electra_jax.pretrain.plan"},
-             "check_finetune_workdir": {"electra_jax.finetune.plan"},
+             "saved_config": {"electra_jax.pretrain.plan", "electra_jax.finetune.plan"},
              "checkpoints.latest_step": {"electra_jax.pretrain.plan", "electra_jax.finetune.plan"}}
 # Building (experiment.py) and running (loop.py) take the plan's parts and look nothing up again: no prepared data,
 # weights source, saved config or checkpoint (train_and_evaluate and finetune, the library's one call each, resolve
 # the plan as main() does).
 BUILD_AND_RUN = ("pretrain.experiment", "pretrain.loop", "finetune.experiment", "finetune.loop")
-LOOKUPS = {"resolve", "find", "load", "tokenizer_path", "init_source", "load_config", "changes_since", "latest_step",
+LOOKUPS = {"resolve", "find", "load", "tokenizer_path", "init_source", "load_config", "saved_config", "latest_step",
            "kind"}
 
 

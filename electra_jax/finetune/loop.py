@@ -34,7 +34,7 @@ def train(plan: plan_lib.Plan) -> dict | None:
   by SIGTERM/SIGINT (after saving: run it again to resume). Raises a one-line ValueError/OSError on bad input before
   anything is written, FloatingPointError after train.max_bad_steps non-finite steps in a row (loop.Guard)."""
   t0, clock = time.time(), goodput.Clock()
-  ft, workdir = plan.ft, plan.workdir
+  ft, workdir, record = plan.ft, plan.workdir, plan.record()
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:
     setup = make_setup(ft, plan.init, plan.tokenizer, fresh=plan.resume_step is None)
     # Every check passed: only now is anything written or deleted.
@@ -44,7 +44,7 @@ def train(plan: plan_lib.Plan) -> dict | None:
     tuning = Tuning(setup, workdir, t0)
     state, progress = restore_or_init(setup, ckpt, plan)
     tuning.progress = progress
-    plan.write()
+    workdir_lib.write_plan(workdir, ft, record)
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
                  len(setup.train.examples.labels), setup.train.size, setup.head.num_labels)

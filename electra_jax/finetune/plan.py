@@ -3,6 +3,7 @@ from (init_from, or random init) and its tokenizer, whether the workdir resumes 
 replaced (another run's, under --config.overwrite), and what it must keep apart from. The experiment and the loop take
 its parts and decide none of them again; it is printed at start and written to WORKDIR/plan.json."""
 import dataclasses
+import os
 
 import ml_collections
 
@@ -39,27 +40,39 @@ class Plan:
                       f"  tokenizer: {self.tokenizer or 'none'}",
                       f"  start: {self.start()}"])
 
-  def write(self):
-    """<workdir>/config.json and plan.json (process 0): once every check has passed."""
-    workdir_lib.write_plan(self.workdir, self.ft, dict(tokenizer=self.tokenizer, replaced=self.replace,
-                                                        resume_step=self.resume_step, start=self.start()))
+  def record(self) -> dict:
+    """What plan.json says of it (workdir.write_plan, once every check has passed)."""
+    return dict(tokenizer=self.tokenizer, replaced=self.replace, resume_step=self.resume_step, start=self.start())
 
 
 def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | None = None,
             seed: int | None = None) -> Plan:
   """The plan of fine-tuning `ft` in `workdir` (at train.learning_rate and train.seed, or the protocol's
-  `learning_rate` and `seed`); a one-line ValueError/OSError on a bad config or a workdir it may not write (another
-  run's without ft.overwrite, or one that holds or lies inside what the run reads)."""
+  `learning_rate` and `seed`); a one-line ValueError/OSError on a bad config or a workdir it may not write: one that
+  cannot be written, holds another run (replaced with ft.overwrite; a run of the same config resumes, its log,
+  evaluation and checkpoint cadence and mesh may change) or is, holds or lies inside what the run reads."""
   ft = _at(ft, learning_rate, seed)
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
   if not (ft.init_from or ft.tokenizer):
     raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
   init = sources.resolve(ft.init_from) if ft.init_from else None
-  replace = workdir_lib.check_finetune_workdir(workdir, ft, init.inputs() if init else [], ft_config.base_config)
+  workdir_lib.check_writable(workdir)
+  saved = workdir_lib.saved_config(workdir, ft_config.base_config)
+  changes = config_lib.changes(saved, ft) if saved else None
+  other = (f"holds another run (its config.json differs: {'; '.join(changes)})" if changes else None) if saved else (
+      f"holds files but no {os.path.join(workdir, 'config.json')}" if workdir_lib.holds_files(workdir) else None)
+  if other and not ft.overwrite:
+    raise FileExistsError(f"workdir {workdir} {other}; pass --config.overwrite=true to replace it")
+  # What the run reads, which its workdir (replaced with overwrite) must keep apart from.
+  task = ft.task
+  reads = [*(init.inputs if init else ()), *([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else []),
+           *((task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]),
+           *([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])]
+  storage.refuse_overlap(workdir, reads, "--workdir")
   config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
-  return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), replace,
-              None if replace else checkpoints.latest_step(workdir))
+  return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), bool(other),
+              None if other else checkpoints.latest_step(workdir))
 
 
 def _at(ft: ml_collections.ConfigDict, learning_rate: float | None, seed: int | None) -> ml_collections.ConfigDict:

@@ -33,8 +33,8 @@ def main(config, workdir, allow_config_change):
   from electra_jax.pretrain import loop as pretrain_loop  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import plan as plan_lib  # pylint: disable=g-import-not-at-top
   from electra_jax.runtime import startup
-  startup.initialize(config.train.peer_timeout_s)
-  plan = plan_lib.resolve(config, workdir, allow_config_change)
+  plan = plan_lib.resolve(config, workdir, allow_config_change)  # reads files only: before JAX joins the peers
+  startup.initialize(plan.config.train.peer_timeout_s)
   logging.info("%s", plan.describe())
   pretrain_loop.train(plan)
   print(f"Done. In {workdir}: checkpoints/ (Orbax; run the same command to resume), metrics.jsonl, config.json, "

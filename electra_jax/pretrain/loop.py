@@ -38,26 +38,26 @@ def train(plan: plan_lib.Plan) -> TrainState:
   clock = goodput.Clock()
   with workdir_lib.Lock(plan.workdir, "electra-pretrain") as lock:
     exp = experiment.create(plan.config, plan.data.special_ids, word_starts=plan.data.word_starts)
-    ckpt = checkpoints.Checkpointer(plan.workdir, plan.config, plan.data.tokenizer_path)
-    state, position, rng = restore_or_init(exp, ckpt, plan.start)
-    if int(state.step) % exp.steps_per_dispatch:
-      raise ValueError(f"the run starts from step {int(state.step)}, not a multiple of train.steps_per_dispatch="
-                       f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
-                       f"{int(state.step)}")
-    return drive(exp, plan.data, ckpt, lock, clock, state, position, rng, checked=plan.write)
+    return drive(exp, plan.data, plan.workdir, lock, clock, plan.start, checked=plan.write)
 
 
-def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, ckpt: checkpoints.Checkpointer,
-          lock: workdir_lib.Lock, clock: goodput.Clock, state: TrainState, position: dict | None, rng: jax.Array,
-          checked: Callable[[], object] = lambda: None, step_fn: Callable | None = None) -> TrainState:
-  """Pre-training's loop from `state` (the input at `position`): the input stream, metrics, evaluation and
+def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workdir: str, lock: workdir_lib.Lock,
+          clock: goodput.Clock, start: plan_lib.Start, checked: Callable[[], object] = lambda: None,
+          step_fn: Callable | None = None) -> TrainState:
+  """Pre-training's loop in `workdir` from `start` (restore_or_init): the input stream, metrics, evaluation and
   checkpoints around `step_fn` (exp.step; electra-bench --host_loop gives one that costs nothing, to time the rest).
   `checked()` runs once the input's first batch was read: the last check before anything is written."""
   train_config = exp.config.train
+  ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
+  state, position, rng = restore_or_init(exp, ckpt, start)
+  if int(state.step) % exp.steps_per_dispatch:
+    raise ValueError(f"the run starts from step {int(state.step)}, not a multiple of train.steps_per_dispatch="
+                     f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
+                     f"{int(state.step)}")
   train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(exp.config, prepared, state=position),
                                        exp.step_batch, steps=exp.steps_per_dispatch)
   checked()  # Every check passed: only now is anything written.
-  writer = metrics_lib.Writer(os.path.dirname(ckpt.directory), int(state.step))
+  writer = metrics_lib.Writer(workdir, int(state.step))
   body = PreTraining(exp, prepared, train_iter, int(state.step))
   state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
                           log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,

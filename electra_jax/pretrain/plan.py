@@ -5,6 +5,7 @@ take its parts and decide none of them again; it is printed at start and written
 import dataclasses
 
 import ml_collections
+from absl import logging
 
 from electra_jax import config as config_lib
 from electra_jax.data import prepared as prepared_lib
@@ -15,10 +16,10 @@ from electra_jax.runtime import storage
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-  """Where the run's state comes from."""
-  resume_step: int | None  # the workdir's newest checkpoint, which the run resumes from; None: a fresh start
-  init: sources.Source | None  # a fresh start's weights (train.init_from, train.init_from_generator); None: random
-  with_state: bool  # init's optimiser state and step too (train.init_from_state: a second phase)
+  """Where the run's state comes from (the defaults: fresh, from random init)."""
+  resume_step: int | None = None  # the workdir's newest checkpoint, which the run resumes from; None: a fresh start
+  init: sources.Source | None = None  # a fresh start's weights (train.init_from, init_from_generator); None: random
+  with_state: bool = False  # init's optimiser state and step too (train.init_from_state: a second phase)
 
   def describe(self, seed: int) -> str:
     if self.resume_step is not None:
@@ -62,13 +63,21 @@ class Plan:
 
 def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> Plan:
   """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input (config, data,
-  workdir, init_from), before anything is built or written."""
+  workdir, init_from), before anything is built or written. The workdir holds no other run unless
+  `allow_config_change`."""
   train = config.train
   resume_step = checkpoints.latest_step(workdir)
   config, init = sources.init_source(config, resuming=resume_step is not None)
   # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
   config, data = prepared_lib.find(config)
-  changes = workdir_lib.check_workdir(workdir, config, allow_config_change)
+  workdir_lib.check_writable(workdir)
+  saved = workdir_lib.saved_config(workdir)
+  changes = None if saved is None else config_lib.changes(saved, config)
+  if changes and not allow_config_change:
+    raise ValueError(f"workdir {workdir} holds another run (its config.json differs: {'; '.join(changes)}): use a "
+                     "new --workdir, or pass --allow_config_change to continue it with this config")
+  if changes:
+    logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
   config_lib.check_counts(train, "num_steps", "eval_every")
   if resume_step is not None and resume_step > train.num_steps:
     raise ValueError(f"workdir {workdir} is at step {resume_step}, past train.num_steps={train.num_steps}: "

@@ -52,15 +52,9 @@ class Source:
   tokenizer: str  # the tokenizer file its weights were trained with
   generator: str = ""  # an HF discriminator's generator, kept in a directory apart (Google's releases)
   config: ml_collections.ConfigDict | None = None  # a workdir's or params export's config.json (HF: None)
-
-  def inputs(self) -> list[tuple[str, str]]:
-    """(path, what it is) of everything loading it reads, for storage.refuse_overlap: a workdir's config.json,
-    checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory."""
-    if self.kind == "hf":
-      return [(self.path, "the HF directory to load")]
-    paths = [(self.path, f"the {self.kind} to load")] if self.kind == "params" else [
-        (os.path.join(self.path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
-    return paths + [(self.tokenizer, "its tokenizer")]
+  # (path, what it is) of everything loading it reads, for storage.refuse_overlap: a workdir's config.json,
+  # checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory.
+  inputs: tuple[tuple[str, str], ...] = ()
 
 
 def resolve(path: str, generator: str = "") -> Source:
@@ -69,12 +63,17 @@ def resolve(path: str, generator: str = "") -> Source:
   what = kind(path)
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
-  if what == "hf":  # its sentencepiece.model or vocab.txt
-    tokenizer_file, config = hf_tokenizer.tokenizer_file(path), None
+  config = None if what == "hf" else workdir_lib.load_config(path)
+  # An HF directory's sentencepiece.model or vocab.txt; the one config.json names.
+  tokenizer_file = hf_tokenizer.tokenizer_file(path) if what == "hf" else prepared.tokenizer_path(config)
+  path, tokenizer_file = storage.absolute(path), storage.absolute(tokenizer_file)
+  if what == "hf":
+    inputs = [(path, "the HF directory to load")]
   else:
-    config = workdir_lib.load_config(path)
-    tokenizer_file = prepared.tokenizer_path(config)
-  return Source(storage.absolute(path), what, storage.absolute(tokenizer_file), generator, config)
+    inputs = [(path, "the params to load")] if what == "params" else [
+        (os.path.join(path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
+    inputs.append((tokenizer_file, "its tokenizer"))
+  return Source(path, what, tokenizer_file, generator, config, tuple(inputs))
 
 
 def init_source(config: ml_collections.ConfigDict, resuming: bool = False

@@ -91,7 +91,7 @@ def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite
   """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
   params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
   source = sources.resolve(workdir)
-  storage.refuse_overlap(out_dir, source.inputs(), "out_dir")
+  storage.refuse_overlap(out_dir, source.inputs, "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
   loaded = read(source, step)
   with storage.staged_dir(out_dir, last="config.json") as tmp:  # sources.kind() looks for config.json first
@@ -103,7 +103,7 @@ def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite
 def export_hf(workdir: str, output: str, step: int | None = None, overwrite: bool = False):
   """A workdir's checkpoint (`step`, default: the latest) as an HF ELECTRA directory at `output`."""
   source = sources.resolve(workdir)
-  storage.refuse_overlap(output, source.inputs(), "--output")  # before the (slow) restore
+  storage.refuse_overlap(output, source.inputs, "--output")  # before the (slow) restore
   storage.refuse_existing(output, overwrite)
   loaded = read(source, step)
   hf_directory.export(loaded.config, loaded.params, output, overwrite=overwrite, tokenizer_path=loaded.tokenizer)

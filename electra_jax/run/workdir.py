@@ -1,7 +1,6 @@
-"""A training workdir's own files and checks (pre-training's and fine-tuning's): config.json (written, read, compared
-when a run resumes) and plan.json beside it (what the run's plan.py decided), whether a run may write there (resume,
-replace or refuse; what it must keep apart from) and the lock that keeps it one writer's. Paths may be local or gs://
-(storage.py)."""
+"""A training workdir's own files (pre-training's and fine-tuning's): config.json (written, and read back onto today's
+schema for the run's plan.py to compare) and plan.json beside it (what the plan decided), whether it can be written or
+emptied, and the lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
 import contextlib
 import itertools
 import json
@@ -38,51 +37,16 @@ def check_writable(workdir: str, name: str = "workdir"):
     raise PermissionError(f"{name} {workdir} is not writable (no write access to {existing})")
 
 
-def changes_since(workdir: str, config: ml_collections.ConfigDict, schema=config_lib.base) -> list[str] | None:
-  """config.changes from the config.json of the run in `workdir` (read onto `schema()`) to `config` (none: the same
-  run, which resumes); None where there is no config.json."""
-  if not epath.Path(workdir, "config.json").exists():
-    return None
-  return config_lib.changes(load_config(workdir, schema), config)
+def saved_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDict | None:
+  """The config of the run in `workdir` (its config.json read onto `schema()`: load_config), or None where there is
+  none."""
+  return load_config(workdir, schema) if epath.Path(workdir, "config.json").exists() else None
 
 
-def _another_run(changes: list[str]) -> str:
-  return f"holds another run (its config.json differs: {'; '.join(changes)})"
-
-
-def check_workdir(workdir: str, config: ml_collections.ConfigDict,
-                  allow_config_change: bool = False) -> list[str] | None:
-  """Before pre-training writes anything: the workdir can be written, and holds no other run unless
-  `allow_config_change`. Returns changes_since(workdir, config)."""
-  check_writable(workdir)
-  changes = changes_since(workdir, config)
-  if changes and not allow_config_change:
-    raise ValueError(f"workdir {workdir} {_another_run(changes)}: use a new --workdir, or pass --allow_config_change "
-                     "to continue it with this config")
-  if changes:
-    logging.warning("Continuing %s with a changed config (--allow_config_change): %s", workdir, "; ".join(changes))
-  return changes
-
-
-def check_finetune_workdir(workdir: str, ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]],
-                           schema) -> bool:
-  """Before fine-tuning writes anything: True when the workdir must be emptied first (it holds another run and
-  ft.overwrite); a run of the same config is resumed (log, evaluation and checkpoint cadence and the mesh may
-  change); anything else is refused, as is a workdir that cannot be written or that is, holds or lies inside what
-  the run reads (`init_inputs`: init_from's, sources.Source.inputs; the tokenizer and task files). `schema`: the
-  fine-tuning schema's maker, which the saved config.json is read onto."""
-  inputs = _finetune_inputs(ft, init_inputs)
-  check_writable(workdir)
-  path, replace = epath.Path(workdir), False
-  if path.exists() and any(p.name != LOCK_FILE for p in path.iterdir()):
-    changes = changes_since(workdir, ft, schema)
-    what = (f"holds files but no {path / 'config.json'}" if changes is None else
-            _another_run(changes) if changes else None)
-    if what and not ft.overwrite:
-      raise FileExistsError(f"workdir {workdir} {what}; pass --config.overwrite=true to replace it")
-    replace = what is not None
-  storage.refuse_overlap(workdir, inputs, "--workdir")
-  return replace
+def holds_files(workdir: str) -> bool:
+  """Whether `workdir` holds anything but its lock."""
+  path = epath.Path(workdir)
+  return path.exists() and any(p.name != LOCK_FILE for p in path.iterdir())
 
 
 def empty(workdir: str):
@@ -91,14 +55,6 @@ def empty(workdir: str):
   for p in epath.Path(workdir).iterdir():
     if p.name != LOCK_FILE:
       p.rmtree() if p.is_dir() else p.unlink()
-
-
-def _finetune_inputs(ft: ml_collections.ConfigDict, init_inputs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-  """What a fine-tuning run reads, which its workdir (replaced with overwrite) must keep apart from."""
-  task = ft.task
-  paths = init_inputs + ([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else [])
-  paths += [(task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]]
-  return paths + ([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):

@@ -9,7 +9,7 @@ from studies.replicate import plan
 from electra_jax import finetune as finetune_lib
 from electra_jax.data import prepared
 from electra_jax.pretrain import loop as pretrain_loop
-from electra_jax.run import workdir as workdir_lib
+from electra_jax.pretrain import plan as plan_lib
 from electra_jax.runtime import storage
 
 TFIDF, RANDOM = "TF-IDF 1-2-gram + LR", "random init"  # the floors, as results["floors"] names them
@@ -41,7 +41,7 @@ def wall_time(records: list[dict]) -> float:
 def pretrain(config, workdir: str) -> bool:
   """Pre-trains `config` in `workdir` (resuming what is there) unless its last checkpoint exists; True if it ran."""
   if os.path.isdir(os.path.join(workdir, "checkpoints", str(config.train.num_steps))):
-    workdir_lib.check_workdir(workdir, config)  # this study's run, not another one's that reached the same step
+    plan_lib.resolve(config, workdir)  # this study's run, not another one's that reached the same step
     return False
   pretrain_loop.train_and_evaluate(config, workdir)
   return True
