@@ -36,7 +36,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
                                          adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0,
                                          optimizer="adamw", flat_update=False))
   mesh = sharding.create_mesh(*mesh)
-  update_lib.check(batch_size, k, mesh.shape["data"] * mesh.shape["fsdp"])
+  sharding.check_batch(batch_size, mesh, k)
   optimizer = optim.build(experiment.recipe(train, 10, mc.discriminator.num_layers), mesh)
   sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], optimizer.tx, mesh)
   step = sharded.jit_step(functools.partial(update_lib.step, update_lib.Update(optimizer, k), loss_fn=functools.partial(

@@ -120,15 +120,14 @@ def test_whole_word_masking_reaches_the_step(tiny_data):
 
 
 def test_state_initialised_on_the_host_equals_the_devices(monkeypatch):
-  """A GPU mesh's state is initialised on the host's CPU and copied over (state._host_for): the same values, placed
+  """A GPU mesh's state is initialised on the host's CPU and copied over (sharding.host_for): the same values, placed
   as the devices' own init places them. Here the host is the CPU device the mesh's first shard lives on."""
-  from electra_jax.parallel import state as state_lib  # pylint: disable=g-import-not-at-top
   c = config_lib.base("tiny")
   c.model.num_layers = 1
   c.data.update(vocab_size=256, seq_len=32)
   c.mesh.update(data=2, fsdp=4)
   on_devices = experiment.create(c, SpecialIds()).sharded.init(jax.random.key(5))
-  monkeypatch.setattr(state_lib, "_host_for", lambda mesh: jax.devices()[0])
+  monkeypatch.setattr(sharding, "host_for", lambda mesh: jax.devices()[0])
   init = experiment.create(c, SpecialIds()).sharded.init
   assert init.__name__ == "init_via_host"  # not the devices' own jitted init
   via_host = init(jax.random.key(5))

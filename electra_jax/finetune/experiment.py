@@ -176,9 +176,8 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   resolved = dataclasses.replace(given, learning_rate=learning_rate(given.learning_rate, mc),
                                  layer_decay=layer_decay(given.layer_decay, mc))
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
-  sharding.check_batch(ft.train.batch_size, mesh)
+  sharding.check_batch(ft.train.batch_size, mesh, ft.train.grad_accum_steps)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
-  update_lib.check(ft.train.batch_size, ft.train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
   optimizer = optim.build(resolved, mesh)
   model = head.model(mc)
   dummy = jnp.zeros((1, seq_len), jnp.int32)

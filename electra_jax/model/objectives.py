@@ -156,7 +156,6 @@ class ObjectiveConfig:
   def from_config(cls, config: ml_collections.ConfigDict) -> "ObjectiveConfig":
     o = config.objective
     get(o.name)
-    masking.check_masking(o.mask_prob, config.data.seq_len)
     switch = 0
     if o.name == "two_stage":  # D starts as a copy of G, so both need the same sizes and their own weights
       if config.model.generator_fraction != 1.0:

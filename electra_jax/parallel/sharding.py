@@ -58,11 +58,17 @@ def create_mesh(data: int, fsdp: int, devices=None) -> Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
-def check_batch(global_batch: int, mesh: Mesh):
+def check_batch(global_batch: int, mesh: Mesh, micro_batches: int = 1):
+  """The global batch must split over the data-parallel devices and the processes, and cut into `micro_batches`
+  equal micro-batches (update.gradients) that still split over the devices."""
   n = mesh.shape["data"] * mesh.shape["fsdp"]
   if global_batch % n or global_batch % jax.process_count():
     raise ValueError(f"train.batch_size={global_batch} is not divisible by the {n} data-parallel devices "
                      f"and {jax.process_count()} processes")
+  k = micro_batches
+  if k < 1 or global_batch % k or global_batch // k % n:
+    raise ValueError(f"train.grad_accum_steps={k} must be >= 1 and divide train.batch_size={global_batch} into "
+                     f"micro-batches that split over the {n} data-parallel devices")
 
 
 def _fit(spec: P, shape, mesh: Mesh) -> P:
@@ -138,6 +144,18 @@ class Sharded:
     return jax.jit(self._with_rules(fn), in_shardings=(self.state, self.batch, self.replicated),
                    out_shardings=(self.state, self.replicated), donate_argnums=(0,))
 
+  def jit_steps(self, fn: Callable, k: int) -> tuple[Callable, NamedSharding]:
+    """fn jitted as jit_step does, `k` steps a call: a lax.scan over k batches stacked on a leading axis (each split
+    as `batch` splits one), each step's metrics stacked. The same steps as k calls (a step folds its number into the
+    rng), in one dispatch: the host's work a call is shared by k steps. Returns it and its batch's sharding."""
+    if k == 1:
+      return self.jit_step(fn), self.batch
+    stacked = NamedSharding(self.mesh, P(None, *self.batch.spec))
+
+    def steps(state, batches, rng):
+      return jax.lax.scan(lambda state, batch: fn(state, batch, rng), state, batches, length=k)
+    return dataclasses.replace(self, batch=stacked).jit_step(steps), stacked
+
   def jit_eval(self, fn: Callable) -> Callable:
     """fn(params, batch, rng) -> replicated outputs."""
     return jax.jit(self._with_rules(fn), in_shardings=(self.state.params, self.batch, self.replicated),
@@ -158,6 +176,32 @@ class Sharded:
 def abstract(tree, shardings):
   """ShapeDtypeStructs carrying the target shardings: what Orbax restores onto (the current mesh)."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:
+  """`init(rng)` jitted, its outputs placed per `shardings`: computed on the devices themselves, or, given a `host`
+  device, computed there and copied to them (from the same random bits: on the same backend, the same values)."""
+  if host is None:
+    return jax.jit(init, out_shardings=shardings)
+  on_host = jax.jit(init, out_shardings=jax.sharding.SingleDeviceSharding(host))
+
+  def init_via_host(rng):
+    values = jax.device_get(on_host(jax.device_put(rng, host)))
+    return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]), values,
+                        shardings)
+  return init_via_host
+
+
+def host_for(mesh: jax.sharding.Mesh) -> jax.Device | None:
+  """Where a GPU mesh's state is initialised: this host's CPU. XLA's GPU compiler turns an initialisation's
+  thousands of small random-number fusions into as many kernels, about a minute of a fresh run's start-up; its CPU
+  compiler builds the same program in seconds. Elsewhere (TPU, CPU) on the devices themselves."""
+  if mesh.devices.flat[0].platform != "gpu":
+    return None
+  try:
+    return jax.local_devices(backend="cpu")[0]
+  except RuntimeError:  # JAX_PLATFORMS without cpu
+    return None
 
 
 def to_host(tree):

@@ -27,7 +27,7 @@ class Stages:
 
 @dataclasses.dataclass(frozen=True)
 class Update:
-  """How a step updates the state: the optimiser, the micro-batches a batch is cut into (micro_batches; check), the
+  """How a step updates the state: the optimiser, the micro-batches a batch is cut into (sharding.check_batch), the
   metrics that add up over micro-batches rather than average (counts), two stages, and train.debug_nan_at_step (the
   loss of that step NaN, to test the loop's guard)."""
   optimizer: optim.Optimizer
@@ -35,13 +35,6 @@ class Update:
   summed: tuple[str, ...] = ()
   stages: Stages | None = None
   nan_at_step: int = 0
-
-
-def check(batch_size: int, k: int, data_parallel: int):
-  """k must cut the global batch into equal micro-batches that still split over the data-parallel devices."""
-  if k < 1 or batch_size % k or batch_size // k % data_parallel:
-    raise ValueError(f"train.grad_accum_steps={k} must be >= 1 and divide train.batch_size={batch_size} into "
-                     f"micro-batches that split over the {data_parallel} data-parallel devices")
 
 
 def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Callable) -> tuple[TrainState, dict]:
@@ -99,7 +92,7 @@ def gradients(loss_and_grad, batch, k: int, summed=()):
   when every micro-batch weighs as many tokens, and otherwise weighs micro-batches equally.
 
   Micro-batch j holds the rows r with r % k == j: with the batch split over devices in blocks of a multiple of k rows
-  (check), each device keeps its own rows and no data moves."""
+  (sharding.check_batch), each device keeps its own rows and no data moves."""
   n = jax.tree.leaves(batch)[0].shape[0] // k
   if k == 1:
     return loss_and_grad(batch, jnp.arange(n))

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from electra_jax.data.special_ids import SpecialIds
-from electra_jax.model import flops, losses, modeling, objectives, two_stage
+from electra_jax.model import flops, losses, masking, modeling, objectives, two_stage
 from electra_jax.parallel import aot, optim, sharding
 from electra_jax.parallel import state as state_lib
 from electra_jax.parallel import update as update_lib
@@ -24,15 +24,6 @@ def train_loss(params, batch, rows, rng, *, model, objective, special, word_star
   """mask → G → sample → stop_gradient → D → loss, of the rows `rows` of a batch (objectives.compute_loss): what
   update.step takes the gradient of, for one update of G and D together."""
   return objectives.compute_loss(model, params, batch, rng, objective, special, word_starts, rows=rows, **stage)
-
-
-def scanned(step: Callable, k: int) -> Callable:
-  """`k` steps of `step` (state, batch, rng) -> (state, metrics) as one: a lax.scan over k batches stacked on a leading
-  axis, each step's metrics stacked. The same steps as k calls (the step folds the state's step number into the rng),
-  in one dispatch: the host's work a call is shared by k steps."""
-  def steps(state, batches, rng):
-    return jax.lax.scan(lambda state, batch: step(state, batch, rng), state, batches, length=k)
-  return steps
 
 
 def eval_step(params, batch, rng, *, model, objective, special, word_starts=None):
@@ -68,38 +59,32 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
            word_starts=None) -> Experiment:
   """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
   objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
-  objective = objectives.ObjectiveConfig.from_config(config)
-  model = modeling.Electra(modeling.ModelConfig.from_config(config))
   train, seq_len = config.train, config.data.seq_len
-  if objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
+  given = recipe(train)
+  if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
-  given = recipe(train)
+  objective = objectives.ObjectiveConfig.from_config(config)
+  entry = objectives.get(objective.name)
+  masking.check_masking(objective.mask_prob, seq_len)
+  model = modeling.Electra(modeling.ModelConfig.from_config(config))
+  step_flops = entry.flops(flops.costs(model.config, objective, train.batch_size, seq_len))
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
-  sharding.check_batch(train.batch_size, mesh)
-  update_lib.check(train.batch_size, train.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+  sharding.check_batch(train.batch_size, mesh, train.grad_accum_steps)
   optimizer = optim.build(given, mesh)
   stages = update_lib.Stages(objective.switch_step, two_stage.discriminator_from_generator,
                              two_stage.trained_in_stage1) if objective.switch_step else None
   update = update_lib.Update(optimizer, train.grad_accum_steps, losses.SUMMED_METRICS, stages,
                              train.debug_nan_at_step)
-  step_flops = objectives.get(objective.name).flops(flops.costs(model.config, objective, train.batch_size, seq_len))
   sharded = state_lib.create(functools.partial(objectives.init_params, model, objective.name, seq_len),
                              optimizer.tx, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
   kw = dict(model=model, objective=objective, special=special, word_starts=words)
   step = functools.partial(update_lib.step, update, loss_fn=functools.partial(train_loss, **kw))
-  k = train.steps_per_dispatch
-  stepping = sharded if k == 1 else dataclasses.replace(sharded, batch=stacked(sharded.batch))
-  evaluate_batch = sharded.jit_eval(functools.partial(eval_step, **kw))
-  return Experiment(config, model, objective, special, optimizer.schedule, sharded,
-                    stepping.jit_step(step if k == 1 else scanned(step, k)), evaluate_batch, step_flops, k,
-                    stepping.batch)
-
-
-def stacked(batch: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:
-  """The layout of batches stacked on a new leading axis, each split as `batch` splits one."""
-  return jax.sharding.NamedSharding(batch.mesh, jax.sharding.PartitionSpec(None, *batch.spec))
+  steps, step_batch = sharded.jit_steps(step, train.steps_per_dispatch)
+  return Experiment(config, model, objective, special, optimizer.schedule, sharded, steps,
+                    sharded.jit_eval(functools.partial(eval_step, **kw)), step_flops, train.steps_per_dispatch,
+                    step_batch)
 
 
 def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
