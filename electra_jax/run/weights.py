@@ -36,29 +36,22 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
   saved, whole on every device (the mesh they were trained on may not fit this host), HF weights as host arrays.
   with_params=False reads the architecture and tokenizer only. Weights that are not finite are refused in one line,
   whatever their kind: export and init_from never start from a diverged run."""
+  config, params = source.config, None
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.tokenizer, source.generator or None)
     if target is not None:
       checkpoints.check_model(source.path, params, target)
       params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, target))
-    return Weights(config, _finite(source.path, params) if with_params else None, source.tokenizer)
-  if not with_params:
-    return Weights(source.config, None, source.tokenizer)
-  if source.kind == "params":
-    params = _finite(source.path, checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR), target))
-  else:  # the checkpointer passes over (or names, at `step`) a checkpoint that is not finite
-    params = checkpoints.read_state(source.path, source.config, None if target is None else dict(params=target),
-                                    step)["params"]
-  return Weights(source.config, params, source.tokenizer)
-
-
-def _finite(path: str, params):
-  """`params`, or a one-line ValueError naming `path` where they hold a NaN or Inf."""
-  bad = checkpoints.non_finite(params)
+  elif with_params and source.kind == "params":
+    params = checkpoints.restore_params(os.path.join(source.path, sources.PARAMS_DIR), target)
+  elif with_params:  # the checkpointer passes over (or names, at `step`) a checkpoint that is not finite
+    target = None if target is None else dict(params=target)
+    return Weights(config, checkpoints.read_state(source.path, config, target, step)["params"], source.tokenizer)
+  bad = checkpoints.non_finite(params) if with_params else []
   if bad:
-    raise ValueError(f"{path} holds non-finite weights (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): they come "
-                     "from a run that had diverged; export or start from an earlier checkpoint of it")
-  return params
+    raise ValueError(f"{source.path} holds non-finite weights (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): they "
+                     "come from a run that had diverged; export or start from an earlier checkpoint of it")
+  return Weights(config, params if with_params else None, source.tokenizer)
 
 
 def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: int, with_state: bool = False,

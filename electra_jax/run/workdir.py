@@ -94,17 +94,11 @@ _entered = itertools.count()  # the Locks this process entered: their key in the
 
 class Lock:
   """<workdir>/.lock: keeps a workdir to one writer (electra-pretrain, electra-finetune) while readers (export,
-  init_from) read on. It is a JSON record of its holder (command, host, pid, the machine's boot, the process's start,
-  since, a heartbeat count, token), created only where none exists (locally O_CREAT|O_EXCL; on gs:// an upload with
-  if_generation_match=0) and rewritten every HEARTBEAT_S by a thread. Another writer is refused in one line naming
-  the holder.
-
-  No clock is read against another machine's: a holder on this machine (host, pid namespace and boot) is taken over
-  at once when its process has ended and never while it runs; one elsewhere (or of an earlier boot) once its lock has
-  stayed unchanged for STALE_S while the newcomer watched it (by its own monotonic clock), and refused as soon as the
-  lock changes. Deleted when the holder exits, normally or not. Only process 0 takes it; every process learns whether
-  it got it. A holder whose lock was taken over, or that has not rewritten it for STALE_S - HEARTBEAT_S (a watcher
-  may be about to take it), is told at its next `check()`, before it saves."""
+  init_from) read on. A JSON record of its holder, created only where none exists and rewritten every HEARTBEAT_S by
+  a thread; another writer is refused in one line naming the holder. A holder on this machine is taken over once its
+  process has ended, one elsewhere once its lock stayed unchanged for STALE_S while the newcomer watched it: no clock
+  of another machine is read (docs/reliability.md). Only process 0 takes it; every process learns whether it got it.
+  A holder whose lock was taken over, or went unrewritten for STALE_S - HEARTBEAT_S, is told at `check()`."""
 
   def __init__(self, workdir: str, command: str):
     self.workdir = workdir
@@ -310,10 +304,9 @@ def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
 
 
 class _LocalFile:
-  """The lock file on a local (or network) file system: creation is O_CREAT|O_EXCL; a replacement is written beside
-  it and renamed over it (check, then rename: not atomic, but a takeover only follows STALE_S of the lock's
-  silence, so a refresh and a takeover do not meet); a deletion renames it away first and puts it back if it was not
-  the one meant (another writer took it over in between)."""
+  """The lock file on a local (or network) file system: created with O_CREAT|O_EXCL, replaced by a rename of a file
+  written beside it (not atomic with its check, but a takeover only follows STALE_S of silence), deleted by renaming
+  it away first and putting it back if it was another writer's."""
 
   def __init__(self, path: str):
     self.path = path
