@@ -51,7 +51,9 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   `learning_rate` and `seed`); a one-line ValueError/OSError on a bad config or a workdir it may not write: one that
   cannot be written, holds another run (replaced with ft.overwrite; a run of the same config resumes, its log,
   evaluation and checkpoint cadence and mesh may change) or is, holds or lies inside what the run reads."""
-  ft = _at(ft, learning_rate, seed)
+  ft = ft.copy_and_resolve_references()
+  ft.train.update(learning_rate=ft.train.learning_rate if learning_rate is None else learning_rate,
+                  seed=ft.train.seed if seed is None else seed)
   if ft.train.eval_every < 0:
     raise ValueError(f"train.eval_every={ft.train.eval_every} must be 0 (per epoch or at the end) or positive")
   if not (ft.init_from or ft.tokenizer):
@@ -62,6 +64,7 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   changes = config_lib.changes(saved, ft) if saved else None
   other = (f"holds another run (its config.json differs: {'; '.join(changes)})" if changes else None) if saved else (
       f"holds files but no {os.path.join(workdir, 'config.json')}" if workdir_lib.holds_files(workdir) else None)
+  config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
   if other and not ft.overwrite:
     raise FileExistsError(f"workdir {workdir} {other}; pass --config.overwrite=true to replace it")
   # What the run reads, which its workdir (replaced with overwrite) must keep apart from.
@@ -70,14 +73,6 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
            *((task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]),
            *([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])]
   storage.refuse_overlap(workdir, reads, "--workdir")
-  config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
   return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), bool(other),
               None if other else checkpoints.latest_step(workdir))
 
-
-def _at(ft: ml_collections.ConfigDict, learning_rate: float | None, seed: int | None) -> ml_collections.ConfigDict:
-  """A copy of `ft` at `learning_rate` and `seed` (None: as it is)."""
-  ft = ft.copy_and_resolve_references()
-  ft.train.update(learning_rate=ft.train.learning_rate if learning_rate is None else learning_rate,
-                  seed=ft.train.seed if seed is None else seed)
-  return ft
