@@ -150,7 +150,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       # Trace this many steps, after the first (compiling) one, with jax.profiler into <workdir>/tensorboard
       # (TensorBoard's profile tab); 0 = none.
       profile_steps=0,
-      # A step whose loss, gradient norm or updated weights are not finite is not applied (state.apply_gradients);
+      # A step whose loss, gradient norm or updated weights are not finite is not applied (update.step);
       # this many in a row stop the run, keeping its newest checkpoint (loop.Guard).
       max_bad_steps=5,
       # A step's loss above spike_factor times the median of the last loop.SPIKE_WINDOW steps' is reported as a

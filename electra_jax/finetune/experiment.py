@@ -1,5 +1,6 @@
 """What a fine-tuning config compiles, before anything is written: the task's splits and head (heads.py), the model and
-optimiser, the pure train_step and its jit (sharding.Sharded), and which training rows each step takes.
+optimiser, the train step (the head's loss under parallel/update.py's update) and its jit (sharding.Sharded), and
+which training rows each step takes.
 
 The batch of step i is a pure function of (train.seed, i) (one seeded permutation per epoch) and the dropout rng is
 folded with the step, so a run resumed from a checkpoint ends as an uninterrupted one does.
@@ -81,8 +82,19 @@ def encoder_config(ft: ml_collections.ConfigDict, src: modeling.ModelConfig) -> 
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-  """What a run builds from its config and inputs before it writes anything."""
+class Steps:
+  """A run's optimiser and jitted steps on its mesh: built from the encoder, head and length alone (no data)."""
+  learning_rate: float  # the peak rate, train.learning_rate resolved
+  layer_decay: float  # train.layer_decay resolved
+  schedule: Callable[[int], float]
+  sharded: sharding.Sharded
+  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
+  predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup(Steps):
+  """What a run builds from its config and inputs before it writes anything: its Steps and the rest."""
   ft: ml_collections.ConfigDict
   head: Head
   mc: modeling.ModelConfig  # the encoder's, with the fine-tuning dropout
@@ -98,12 +110,6 @@ class Setup:
   num_steps: int
   eval_every: int
   rng: jax.Array
-  learning_rate: float  # Steps' fields, below
-  layer_decay: float
-  schedule: Callable[[int], float]
-  sharded: sharding.Sharded
-  step_fn: Callable
-  predict: Callable
 
   def global_batch(self, examples: tasks.Examples, rows: np.ndarray) -> dict[str, jax.Array]:
     """The global batch of `rows`, from this host's share of them."""
@@ -155,17 +161,6 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
       eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
       rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1),
       **{f.name: getattr(steps, f.name) for f in dataclasses.fields(steps)})
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """A run's optimiser and jitted steps on its mesh: built from the encoder, head and length alone (no data)."""
-  learning_rate: float  # the peak rate, train.learning_rate resolved
-  layer_decay: float  # train.layer_decay resolved
-  schedule: Callable[[int], float]
-  sharded: sharding.Sharded
-  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
-  predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
 
 
 def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelConfig, seq_len: int, num_steps: int,

@@ -47,15 +47,14 @@ def mlm_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 
 def target_logit(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """logits[..., targets] as a masked sum: its gradient is a fused select, where take_along_axis's is a scatter over
-  the vocabulary (on XLA:CPU, log_softmax + take_along_axis with its gradient took ~4x as long at [32, 19, 8000])."""
+  the vocabulary (several times slower on XLA:CPU: docs/benchmarks.md)."""
   return jnp.where(jnp.arange(logits.shape[-1]) == targets[..., None], logits, 0.0).sum(axis=-1)
 
 
 def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """1.0 where the first maximum of `logits` is at `targets` (what top_k(logits, 1) and argmax pick), else 0.0: two
   fused reductions, where XLA:CPU's TopK and argmax are slow over a vocabulary. The maxima before the target are
-  counted as a float sum, not an `any`: a TPU then reads the logits for it in the same pass as the loss's sums
-  (Small's MLM head and loss: 0.442 -> 0.387 ms by the v3 cost model, as if the accuracy were not computed)."""
+  counted as a float sum, not an `any`: a TPU then reads the logits in the same pass as the loss's (docs/tpu.md)."""
   logits = jax.lax.stop_gradient(logits)
   top = logits.max(axis=-1, keepdims=True)
   earlier_ties = jnp.where((logits == top) & (jnp.arange(logits.shape[-1]) < targets[..., None]), 1.0, 0.0).sum(-1)

@@ -141,8 +141,8 @@ def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
 
 
 class Dropout(nn.Module):
-  """Inverted dropout with keep-masks drawn as 16-bit integers (rate exact to 1/65536). nn.Dropout draws a 32-bit
-  uniform per element; on CPU those random numbers were ~40% of a Small step, and 16-bit draws halve them."""
+  """Inverted dropout with keep-masks drawn as 16-bit integers (rate exact to 1/65536): half the random bits of
+  nn.Dropout's 32-bit uniforms, a large share of a CPU step (docs/benchmarks.md)."""
   rate: float
 
   @nn.compact
@@ -217,17 +217,15 @@ def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") ->
 
 def one_hot_lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
   """table[ids] (float32) as a matmul of one-hot rows in `dtype` with the table, whose gradient is a matmul where the
-  gather's is a scatter-add: the official ELECTRA code's lookup on TPUs (use_one_hot_embeddings). Equal to the gather
-  in float32; in bfloat16 the rows are rounded, as every other kernel the model multiplies by. By the v3 cost model
-  it costs more than the gather (docs/tpu.md), so model.one_hot_embeddings is off by default."""
+  gather's is a scatter-add: the official ELECTRA code's lookup on TPUs (use_one_hot_embeddings; off by default, as
+  it costs more than the gather there: docs/tpu.md). Equal to the gather in float32; rounded in bfloat16."""
   one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)
   return jnp.einsum("...v,ve->...e", one_hot, table.astype(dtype), precision=EXACT, preferred_element_type=jnp.float32)
 
 
 def select_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
   """table[ids] for a table of a few rows (token types) as one select per row: exact, and its gradient is a sum per
-  row where a gather's is a scatter-add of every position into the same few rows (Small's two embedding lookups on
-  a v3, forward and backward, by the cost model: 0.24 -> 0.21 ms)."""
+  row where a gather's is a scatter-add of every position into the same few rows (docs/tpu.md)."""
   return sum(jnp.where((ids == t)[..., None], table[t], 0.0) for t in range(table.shape[0]))
 
 
@@ -303,11 +301,9 @@ def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array]
   Dropout draws them; none when rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key].
 
   Softmax's probabilities come from the scores and their log-sum-exp per row, and the backward pass keeps only
-  q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores
-  (XLA merges that with the forward's matmul within a step) and the dropout masks from the same key. By the v3 cost
-  model one of Base's D layers' attention (docs/tpu.md) takes 4.54 ms instead of the 5.43 of softmax's autodiff: fewer
-  passes over the [B, H, L, L] arrays. The math is autodiff's; in float32 the outputs and gradients equal
-  jax.nn.softmax's attention to rounding."""
+  q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores and the
+  dropout masks from the same key, with fewer passes over the [B, H, L, L] arrays than softmax's autodiff
+  (docs/tpu.md). In float32 the outputs and gradients equal jax.nn.softmax's attention to rounding."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
 
 
@@ -526,7 +522,3 @@ class Electra(nn.Module):
   def encode(self, input_ids, segment_ids, *, deterministic: bool = True):
     """The discriminator's final hidden states [B, L, H]: what fine-tuning builds on."""
     return self._encode("discriminator", input_ids, segment_ids, deterministic)[0]
-
-
-def count_params(tree) -> int:
-  return sum(x.size for x in jax.tree_util.tree_leaves(tree))

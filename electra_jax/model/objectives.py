@@ -85,26 +85,9 @@ def uniform_replacement_loss(b: losses.Batch):
       replaced_fraction=losses.weighted_mean(replaced.astype(jnp.float32), b.non_pad))
 
 
-def _init_discriminator(m: modeling.Electra, ids, seg, positions):
-  del positions
-  return m.discriminator_logits(ids, seg)
-
-
 # What init runs, so that it creates exactly the parameters an objective trains (objective=mlm carries no generator).
 def _init_replaced_token_detection(m: modeling.Electra, ids, seg, positions):
   return m.generator_logits(ids, seg, positions), m.discriminator_logits(ids, seg)
-
-
-def _init_bert(m: modeling.Electra, ids, seg, positions):
-  return m.discriminator_mlm_logits(ids, seg, positions)
-
-
-def _init_replace_mlm(m: modeling.Electra, ids, seg, positions):
-  return m.generator_logits(ids, seg, positions), m.discriminator_mlm_logits(ids, seg, positions)
-
-
-def _init_all_tokens_mlm(m: modeling.Electra, ids, seg, positions):
-  return m.generator_logits(ids, seg, positions), m.discriminator_mlm_logits(ids, seg, None, copy=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,16 +103,20 @@ OBJECTIVES = {
                          lambda c: c.generator + c.discriminator + c.rtd_head),
     "electra_15": Objective(functools.partial(electra_loss, masked_only=True), _init_replaced_token_detection,
                             lambda c: c.generator + c.discriminator + c.rtd_head),
-    "mlm": Objective(mlm_loss_bert, _init_bert, lambda c: c.discriminator + c.d_mlm_masked, bert_masking=True),
-    "replace_mlm": Objective(replace_mlm_loss, _init_replace_mlm,
+    "mlm": Objective(mlm_loss_bert, lambda m, ids, seg, pos: m.discriminator_mlm_logits(ids, seg, pos),
+                     lambda c: c.discriminator + c.d_mlm_masked, bert_masking=True),
+    "replace_mlm": Objective(replace_mlm_loss, lambda m, ids, seg, pos: (
+                                 m.generator_logits(ids, seg, pos), m.discriminator_mlm_logits(ids, seg, pos)),
                              lambda c: c.generator + c.discriminator + c.d_mlm_masked),
-    "all_tokens_mlm": Objective(all_tokens_mlm_loss, _init_all_tokens_mlm,
+    "all_tokens_mlm": Objective(all_tokens_mlm_loss, lambda m, ids, seg, pos: (
+                                    m.generator_logits(ids, seg, pos), m.discriminator_mlm_logits(ids, seg, copy=True)),
                                 lambda c: c.generator + c.discriminator + c.d_mlm_all),
     # The run's mean step: f of G's training, then 1 − f of G's forward (a third of its training) and D's training.
     "two_stage": Objective(two_stage.loss, _init_replaced_token_detection,
                            lambda c: c.stage_fraction * c.generator + (1 - c.stage_fraction) * (
                                c.generator / 3 + c.discriminator + c.rtd_head)),
-    "uniform_replacement": Objective(uniform_replacement_loss, _init_discriminator,
+    "uniform_replacement": Objective(uniform_replacement_loss,
+                                     lambda m, ids, seg, pos: m.discriminator_logits(ids, seg),
                                      lambda c: c.discriminator + c.rtd_head),
 }
 

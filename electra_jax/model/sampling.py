@@ -9,7 +9,7 @@ SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
   """draw(key, shape[1:], **kwargs) for each row (the leading axis of `shape`), the key `rng` folded with the row's
   index in the global batch (`rows`; default 0, 1, ...): a row's numbers do not depend on how the batch is cut into
-  micro-batches (accumulate.py)."""
+  micro-batches (parallel/update.py)."""
   rows = jnp.arange(shape[0]) if rows is None else rows
   return jax.vmap(lambda r: draw(jax.random.fold_in(rng, r), shape[1:], **kwargs))(rows)
 
@@ -24,17 +24,12 @@ def _cumsum(x: jax.Array) -> jax.Array:
 def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0,
            rows: jax.Array | None = None) -> jax.Array:
   """One draw from softmax(logits / temperature) over the last axis at each position of the others, keyed per batch
-  row (the first axis; per_row's `rows`), by inverse CDF: a single uniform per draw instead of the Gumbel-argmax
-  trick's noise per vocabulary entry (the same distribution; on CPU the Gumbel noise of a demo step cost more than
-  the generator's head).
-
-  The CDF is walked in two levels, with the same distribution and the same uniform as one cumulative sum over the
-  vocabulary: the sums of blocks of `block` entries (default SAMPLE_BLOCK; the last block may be shorter) pick the
-  block holding u, then the cumulative sum within that block picks the entry: no vocabulary-long scan (on XLA:CPU
-  the cumsum over 8000 entries of a demo step took ~25 ms, the whole two-level draw ~2 ms). Weights are
-  exp(x - max x), unnormalised, and u is scaled by their total. The block sums are a reduce_window and the chosen
-  block is sliced out per position: slicing the logits to whole blocks and reshaping them made a TPU copy them twice
-  (Small on a v3 by the cost model, sampling compiled with the MLM head and loss: 0.82 -> 0.36 ms)."""
+  row (the first axis; per_row's `rows`), by inverse CDF: one uniform per draw instead of the Gumbel-argmax trick's
+  noise per vocabulary entry (the same distribution). The CDF is walked in two levels, with no vocabulary-long scan:
+  the sums of blocks of `block` entries (default SAMPLE_BLOCK; the last may be shorter) pick the block holding u,
+  the cumulative sum within it the entry. Weights are exp(x - max x), unnormalised, u scaled by their total. The
+  block sums are a reduce_window and the chosen block is sliced out per position, where reshaping the logits into
+  blocks made a TPU copy them (docs/benchmarks.md and docs/tpu.md have the timings)."""
   x = logits.astype(jnp.float32)
   if temperature != 1.0:
     x = x / temperature

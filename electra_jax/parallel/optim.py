@@ -6,15 +6,11 @@
             (AdamWeightDecayOptimizer) and lr = peak · min(1, step / warmup) · (1 - step / total)^1, the warm-up
             factor multiplying a decay that starts at step 0.
 
-The two differ mostly in the first few thousand steps: without bias correction Adam's first steps are larger (m is
-small, √v smaller still), and the overlapping factors put the official peak slightly below `peak`.
-
 Either can run clipping and Adam over flat vectors of all weights (train.flat_update, on GPUs and CPUs; FlatLayout):
-the gradient's global norm is one reduction and Adam's moments a few kernels over all weights, not a few per weight
-array (an encoder has hundreds); on a GPU, where each kernel costs a launch, that is most of the update's time. Where
-the mesh splits the weights over fsdp, each device's shards of them are one row of a matrix split the same way, so
-the flat update moves no data between devices. The moments are then flat in the checkpoint, a layout of its own
-(checkpoints.py names the switch when they differ).
+one reduction for the global norm and a few kernels for Adam over all weights, where per array an encoder takes
+hundreds (on a GPU each is a launch). Over fsdp each device's shards are one row of a matrix split the same way, so
+no data moves. The moments are then flat in the checkpoint (checkpoints.py names the switch when layouts differ).
+Recipe (a run's train section, frozen) and build make the optimiser; layer-wise rates are an option of it.
 """
 import dataclasses
 import re

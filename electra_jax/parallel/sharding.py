@@ -193,9 +193,9 @@ def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | 
 
 
 def host_for(mesh: jax.sharding.Mesh) -> jax.Device | None:
-  """Where a GPU mesh's state is initialised: this host's CPU. XLA's GPU compiler turns an initialisation's
-  thousands of small random-number fusions into as many kernels, about a minute of a fresh run's start-up; its CPU
-  compiler builds the same program in seconds. Elsewhere (TPU, CPU) on the devices themselves."""
+  """Where a GPU mesh's state is initialised: this host's CPU, whose compiler builds an initialisation's thousands of
+  small random-number fusions in seconds where XLA:GPU's takes about a minute (docs/benchmarks.md). Elsewhere
+  (TPU, CPU) on the devices themselves."""
   if mesh.devices.flat[0].platform != "gpu":
     return None
   try:

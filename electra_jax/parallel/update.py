@@ -1,7 +1,6 @@
-"""The one optimiser update of pre-training and fine-tuning: a step's gradient, from k micro-batches of the global
-batch run one after another inside the jitted step (a lax.scan: one micro-batch's activations live at a time), then
-one optax update (optim.py: clipping, flat or per array, layer-wise rates), applied only where it is finite; and, as
-an option, training in two stages (Stages: two_stage's switch)."""
+"""The one optimiser update of pre-training and fine-tuning: the gradient of k micro-batches of the global batch, run
+one after another inside the jitted step (a lax.scan: one micro-batch's activations live at a time), then one optax
+update (optim.py), applied only where it is finite; optionally in two stages (two_stage's)."""
 import dataclasses
 from typing import Any, Callable
 
@@ -16,10 +15,9 @@ from electra_jax.parallel.state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class Stages:
-  """Training in two stages: the loss takes `stage` (1 or 2); the step `switch` (counting from 0) starts stage 2 from
-  `start(params)` with Adam restarted (Optimizer.restart; the learning-rate schedule carries on); stage 1 trains the
-  top-level parameters that `first(name)` picks, stage 2 the others, and each stage leaves the rest bitwise as they
-  were (AdamW's momentum and weight decay would move them even with zero gradients)."""
+  """Training in two stages: the loss takes `stage` (1 or 2); step `switch` (from 0) starts stage 2 from
+  `start(params)` with Adam restarted (Optimizer.restart). Stage 1 trains the top-level parameters `first(name)`
+  picks, stage 2 the others; the rest stay bitwise (AdamW's momentum and decay would move them without gradients)."""
   switch: int
   start: Callable[[Any], Any]
   first: Callable[[str], bool]
@@ -27,9 +25,8 @@ class Stages:
 
 @dataclasses.dataclass(frozen=True)
 class Update:
-  """How a step updates the state: the optimiser, the micro-batches a batch is cut into (sharding.check_batch), the
-  metrics that add up over micro-batches rather than average (counts), two stages, and train.debug_nan_at_step (the
-  loss of that step NaN, to test the loop's guard)."""
+  """How a step updates the state: the optimiser, the micro-batches of a batch (sharding.check_batch), the metrics
+  that add up over them (counts), two stages, and train.debug_nan_at_step (that step's loss NaN: the guard's test)."""
   optimizer: optim.Optimizer
   micro_batches: int = 1
   summed: tuple[str, ...] = ()
@@ -39,12 +36,10 @@ class Update:
 
 def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Callable) -> tuple[TrainState, dict]:
   """`state` after one update by the gradient of loss_fn(params, micro_batch, rows, rng, [stage=]) -> (loss, metrics)
-  over `batch`: `rng` is the step's (folded with its number), the same for every micro-batch; `rows` ([B/k]) are
-  the micro-batch's rows' indices in `batch`, what a row's random draws key on, so that they do not depend on k.
-  The update is applied only where the loss and the gradient's global norm are finite: otherwise the step keeps the
-  parameters and optimiser state as they were and only counts (optax's apply_if_finite, over the whole state); the
-  test is two scalars the update computes anyway, so the choice fuses into its kernels. Returns the state and the
-  loss's metrics with loss, grad_norm and skipped (1 for a step not applied; the loop counts them in a row)."""
+  over `batch`: `rng` is the step's (folded with its number) for every micro-batch; `rows` ([B/k]) index the
+  micro-batch's rows in `batch`, which a row's random draws key on, so that they do not depend on k. Applied only
+  where the loss and the gradient's norm are finite (as optax's apply_if_finite; two scalars the update computes
+  anyway): otherwise the state stays. Metrics: the loss's, loss, grad_norm and skipped (1: not applied)."""
   opt, stages = update.optimizer, update.stages
   step_rng = jax.random.fold_in(rng, state.step)
   params, opt_state = state.params, state.opt_state
@@ -62,12 +57,10 @@ def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Call
 
   if stages is None:
     (value, metrics), grads = grad(params)
-  else:
-    params, opt_state = jax.lax.cond(state.step == stages.switch,
-                                     lambda p, o: (stages.start(p), opt.restart(o, p)),
+  else:  # one stage's gradient a step
+    params, opt_state = jax.lax.cond(state.step == stages.switch, lambda p, o: (stages.start(p), opt.restart(o, p)),
                                      lambda p, o: (p, o), params, opt_state)
     stage2 = state.step >= stages.switch
-    # One stage runs per step: each computes its own gradient.
     (value, metrics), grads = jax.lax.cond(stage2, lambda p: grad(p, stage=2), lambda p: grad(p, stage=1), params)
 
   grad_norm = optim.global_norm(grads, opt.flat)
@@ -88,9 +81,7 @@ def _where(condition, new, old):
 def gradients(loss_and_grad, batch, k: int, summed=()):
   """loss_and_grad(micro_batch, rows) -> ((loss, metrics), grads) over k micro-batches of `batch` (a tree of [B, ...]
   arrays), returned as one batch's: loss, metrics and gradients are the micro-batches' means, except the metrics
-  named in `summed` (counts), which add up. Each micro-batch's loss is its own mean: the result is the whole batch's
-  when every micro-batch weighs as many tokens, and otherwise weighs micro-batches equally.
-
+  named in `summed` (counts), which add up. Each micro-batch's loss is its own mean: micro-batches weigh equally.
   Micro-batch j holds the rows r with r % k == j: with the batch split over devices in blocks of a multiple of k rows
   (sharding.check_batch), each device keeps its own rows and no data moves."""
   n = jax.tree.leaves(batch)[0].shape[0] // k
