@@ -109,7 +109,7 @@ def _fit_error(config, name, slice_, devices, too_large, aot, memory_limit) -> s
   need = (f"{name}'s {too_large.name} needs {aot.gib(too_large.need_bytes)} {what} per device at "
           f"train.batch_size={config.train.batch_size} ({config.train.batch_size // n} rows per device) where a "
           f"{slice_.name} device has {aot.gib(too_large.available_bytes)} {room}")
-  remat = not (config.get("model") and config.model.get("remat"))  # a remedy only where it is not on already
+  remat = not config.model.remat  # a remedy only where it is not on already
   if fit is None:
     return (f"{need}; not even {accum} row(s) per device fit: set {'model.remat=True, ' * remat}mesh.fsdp (shard "
             "the weights) or a larger slice")
