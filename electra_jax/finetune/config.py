@@ -35,8 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
       text_field="text",
       text_b_field="",  # set for sentence-pair tasks
       label_field="label",
-      # held out of the training rows (seeded) when there is no eval file or split; pre-training on task:NAME reads
-      # the training rows of this default split
+      # held out of the training rows (seeded) without an eval file or split (task:NAME pre-trains on the rest)
       eval_fraction=task_rows.EVAL_FRACTION,
       split_seed=task_rows.SPLIT_SEED,
       num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
@@ -66,14 +65,11 @@ def base_config() -> ml_collections.ConfigDict:
       # Layer-wise LR decay; 0 = by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large),
       # off (1.0) for shallower encoders.
       layer_decay=0.0,
-      # Updates at least, whatever the data's size: 3 epochs of a few thousand rows are a few hundred updates, too
-      # few for a classifier to leave the majority class (from random init or a weak encoder).
+      # Updates at least, whatever the data's size: a few hundred leave a classifier at the majority class.
       min_steps=1000,
-      # With a dev fold, stop once this many evaluations in a row (past min_steps) have not beaten the best one;
-      # 0 = never stop early.
+      # With a dev fold, stop once this many evaluations past min_steps have not beaten the best; 0 = never.
       patience=3,
-      # Re-initialise the top k encoder layers of a pre-trained encoder (from train.seed, as random init would), as
-      # Zhang et al. (ICLR 2021) do for BERT; off: on the demo's weak encoder it did not help (docs/finetuning.md).
+      # Re-initialise the top k encoder layers from train.seed, as Zhang et al. (ICLR 2021) do (docs/finetuning.md).
       reinit_layers=0,
       warmup_fraction=0.1,
       dropout_rate=0.1,
@@ -87,8 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
       peer_timeout_s=pretrain.train.peer_timeout_s,  # as pre-training's: a lost process ends the run in one line
       profile_steps=0,  # as pre-training's: a jax.profiler trace of this many steps into <workdir>/tensorboard
       max_bad_steps=pretrain.train.max_bad_steps,  # as pre-training's: non-finite steps are not applied
-      # No loss-spike warning by default: late in fine-tuning the loss nears 0, and one hard batch is many times the
-      # median; set it as pre-training's spike_factor to watch for divergence.
+      # No loss-spike warning by default: late in fine-tuning one hard batch is many times the near-0 median.
       spike_factor=0.0,
       stop_on_spike=False,
       # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
