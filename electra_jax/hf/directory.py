@@ -53,7 +53,7 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
                      "ElectraForPreTraining/ElectraForMaskedLM pair has nothing to load")
   if jax.process_index() != 0:
     return
-  with storage.staged_dir(output, last="config.json") as tmp:  # sources.is_hf_dir looks for config.json
+  with storage.staged_dir(output, last="config.json") as tmp:  # sources.kind looks for config.json
     _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
     _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
                   os.path.join(tmp, GENERATOR_DIR))

@@ -2,7 +2,6 @@
 from the input pipeline, logging with throughput, held-out evaluation; the shared loop (run/loop.py) runs the
 steps, checkpoints and preemption."""
 import concurrent.futures
-import os
 import time
 from typing import Callable
 

@@ -19,21 +19,16 @@ from electra_jax.runtime import storage
 PARAMS_DIR = "params"  # a params export's parameter tree, beside its config.json
 
 
-def is_hf_dir(directory: str) -> bool:
-  path = epath.Path(directory) / "config.json"
-  return path.exists() and "model_type" in json.loads(path.read_text())
-
-
 def kind(source: str) -> str:
   """"hf" | "params" | "workdir", or a one-line error naming what `source` lacks."""
-  path = epath.Path(source)
+  path, config = epath.Path(source), epath.Path(source) / "config.json"
   if not path.is_dir():
     raise FileNotFoundError(f"{source} is not a directory")
-  if is_hf_dir(source):
+  if config.exists() and "model_type" in json.loads(config.read_text()):  # HF's config.json
     return "hf"
   if (path / PARAMS_DIR).is_dir():
     return "params"
-  if (path / "config.json").exists():
+  if config.exists():
     return "workdir"
   raise FileNotFoundError(f"{source} is neither a pre-training workdir, a params export nor an HF ELECTRA directory "
                           "(no config.json)")
