@@ -49,8 +49,7 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
 
 def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
   """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's width: Small (256) 3e-4, Base (768)
-  1e-4, Large (1024) 5e-5. Narrower encoders than Small take Small's: at twice it (1/width continued below Small) a
-  4-layer, 128-wide encoder sat at the majority class for 500 updates or more, pre-trained and from random init."""
+  1e-4, Large (1024) 5e-5; narrower encoders take Small's, as higher rates stalled them (docs/finetuning.md)."""
   if configured:
     return configured
   hidden = mc.discriminator.hidden_size
@@ -59,8 +58,7 @@ def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
 
 def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   """train.layer_decay, or when 0 by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large);
-  off for shallower encoders than the paper's, whose lower layers must move: under 0.8 a weakly pre-trained 4-layer
-  encoder could stay at the majority class for all 1000 updates (docs/finetuning.md)."""
+  off for shallower encoders than the paper's, whose lower layers must move (docs/finetuning.md)."""
   if configured:
     return configured
   layers = mc.discriminator.num_layers

@@ -331,14 +331,10 @@ attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a padding mask. Q, K, V are separate layers: slicing a fused QKV projection
-  costs extra copies in the backward pass, and HF's layout keeps them separate too.
-
-  attention_impl "einsum" calls `attention` (einsums, with its own backward pass); "fused" calls
-  jax.nn.dot_product_attention (same parameters, same math, no dropout) with the padding given as key lengths (padding
-  is trailing in every batch built here): cuDNN flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`),
-  XLA's lowering elsewhere.
-  """
+  """Multi-head self-attention with a padding mask; Q, K, V separate layers (slicing a fused QKV projection costs
+  copies in the backward pass; HF's layout keeps them apart). attention_impl "einsum" calls `attention`; "fused"
+  jax.nn.dot_product_attention (same parameters and math, no dropout) with the trailing padding as key lengths:
+  cuDNN flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`), XLA's lowering elsewhere."""
   config: ModelConfig
   encoder: EncoderConfig
 

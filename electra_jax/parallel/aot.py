@@ -59,11 +59,6 @@ def gib(n: float) -> str:
   return f"{n / 2**30:.2f} GiB"
 
 
-def batch_struct(sharding, **shapes) -> dict:
-  """ShapeDtypeStructs of a batch: name -> (shape, dtype), each split as `sharding` splits batches."""
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
-
-
 def key_struct(sharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding)
 
@@ -156,8 +151,8 @@ def _crossing(points: list[tuple[int, int]], level: int) -> float:
 def int_batch(sharding, batch: int, seq_len: int, **extra) -> dict:
   """ShapeDtypeStructs of a batch of token ids and segment ids (int32 [batch, seq_len]) and `extra` fields (name ->
   (shape, dtype)), split as `sharding` splits batches."""
-  return batch_struct(sharding, input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32),
-                      **extra)
+  shapes = dict(input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32), **extra)
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
 # What a compiled step's kernels are (XLA:GPU launches one for each fusion, custom call, copy and collective of the

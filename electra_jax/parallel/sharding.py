@@ -169,13 +169,8 @@ class Sharded:
     return traced
 
   def abstract(self):
-    """The state as ShapeDtypeStructs carrying its shardings: what a checkpoint is restored onto."""
-    return abstract(self.shapes, self.state)
-
-
-def abstract(tree, shardings):
-  """ShapeDtypeStructs carrying the target shardings: what Orbax restores onto (the current mesh)."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+    """The state as ShapeDtypeStructs carrying its shardings: what a checkpoint is restored onto (this mesh)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.shapes, self.state)
 
 
 def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:

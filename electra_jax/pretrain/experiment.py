@@ -19,8 +19,7 @@ from electra_jax.parallel import state as state_lib
 from electra_jax.parallel import update as update_lib
 
 
-def train_loss(params, batch, rows, rng, *, model, objective, special, word_starts=None,
-               **stage):
+def train_loss(params, batch, rows, rng, *, model, objective, special, word_starts=None, **stage):
   """mask → G → sample → stop_gradient → D → loss, of the rows `rows` of a batch (objectives.compute_loss): what
   update.step takes the gradient of, for one update of G and D together."""
   return objectives.compute_loss(model, params, batch, rng, objective, special, word_starts, rows=rows, **stage)
