@@ -53,7 +53,7 @@ def choose_platforms():
     jax.config.update("jax_platforms", "cpu")
 
 
-def _own(path: str) -> bool:
+def own(path: str) -> bool:
   return os.path.abspath(path).startswith(tuple(d + os.sep for d in OWN_DIRS))
 
 
@@ -61,7 +61,7 @@ class _ProjectVoice(std_logging.Filter):
   """The project's lines, and the libraries' warnings and errors but CHATTER."""
 
   def filter(self, record):
-    if _own(record.pathname):
+    if own(record.pathname):
       return True
     return record.levelno >= std_logging.WARNING and not str(record.msg).startswith(CHATTER)
 
