@@ -2,7 +2,8 @@
 traceback); electra-pretrain's cases also leave the workdir as it was (absent, or byte for byte unchanged).
 docs/reliability.md lists the same cases with their messages. And --help: what the command does, its own flags.
 
-The cases run as real subprocesses, several at once (they are mostly start-up time), from module fixtures.
+The cases run as real subprocesses, several at once (they are mostly start-up time), from module fixtures; the
+loaders' own errors (a spoilt tokenizer, a corpus that is not UTF-8 text, a bad path) are checked in-process.
 """
 import concurrent.futures
 import copy
@@ -17,17 +18,18 @@ import threading
 
 import pytest
 
+from electra_jax import compile as compile_command
 from electra_jax import finetune, prepare
 from electra_jax.data import prepared
 from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.finetune import __main__ as finetune_main
 from electra_jax.hf import directory as hf_directory
+from electra_jax.pretrain import __main__ as pretrain_main
 from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.run import sources
 from tests import pretrain_cli as cli
 from tests.helpers import sotu_lines
 from tests.test_checkpoints import _wait
-
-pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
 
 RUN = ("--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=1000")
 # "Disk full": files may not grow past 256 KiB (RLIMIT_FSIZE), less than the tiny checkpoint's data. Python ignores
@@ -268,6 +270,7 @@ def results(launched):
   return {name: future.result() for (table, name), future in launched.items() if table == "case"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_bad_input_is_one_clear_line(results, name):
   out, workdir, before = results[name]
@@ -293,6 +296,7 @@ def _catches(pid, sig) -> bool:
   return bool(caught >> (sig - 1) & 1)
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_while_saving_is_one_log_line(tiny_data, tmp_path_factory):
   """Ctrl-C, then Ctrl-C again while that step is being saved: the second is logged and ignored, the save completes
   and the run exits 0 as after one (tests/test_checkpoints.py); no traceback, no partial checkpoint."""
@@ -379,6 +383,7 @@ def cli_results(launched):
   return {name: launched["cli", name].result() for name in CLI_JOBS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CLI_CASES)
 def test_every_command_refuses_bad_flags_in_one_line(cli_results, name):
   out = cli_results[name]
@@ -388,6 +393,7 @@ def test_every_command_refuses_bad_flags_in_one_line(cli_results, name):
   assert re.search(CLI_CASES[name][2], lines[-1]), lines[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_is_the_commands_own(cli_results, command):
   """--help: the docstring (what it does, 2-4 example commands), the command's own flags with their defaults, the
@@ -506,3 +512,19 @@ def test_a_bad_path_for_electra_prepare_is_named_with_what_is_wrong(tiny_data, t
                      match="^" + re.escape(message.format(value=value, tmp=tmp_path))):
     prepare.build(config)
   assert sorted(os.listdir(tmp_path)) == ["a_dir", "a_file"]
+
+
+def test_each_commands_main_checks_its_input_before_its_library_runs(tiny_data, tmp_path):
+  """The commands' entry points, in-process (the cases above run them as subprocesses): electra-pretrain without
+  prepared data, electra-finetune's --seeds and electra-compile's target each end in their error, nothing written."""
+  config = copy.deepcopy(tiny_data[0])
+  config.data.data_dir = str(tmp_path / "absent")
+  with pytest.raises(FileNotFoundError, match=f"^no prepared data at {tmp_path}/absent/"):
+    pretrain_main.main(config, str(tmp_path / "run"), False)
+  with pytest.raises(ValueError, match=r"^--seeds: 'x' is not an integer$"):
+    finetune_main.main(finetune.base_config(), str(tmp_path / "run"), ["x"], [])
+  with pytest.raises(ValueError, match=r"^give one target: --tpu=TYPE"):
+    compile_command.main(config, None, None, 1, None)
+  with pytest.raises(ValueError, match=r"^--num_slices applies to TPU slices"):
+    compile_command.main(config, None, "h100", 2, None)
+  assert not os.listdir(tmp_path)

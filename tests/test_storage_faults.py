@@ -13,8 +13,6 @@ import pytest
 
 from tests import fake_gcs, helpers, pretrain_cli
 
-pytestmark = pytest.mark.slow
-
 BUCKET = "faults"
 TIMEOUT_S = 6
 FLAGS = ("--config.train.num_steps=12", "--config.train.checkpoint_every=4", "--config.train.log_every=1",
@@ -26,6 +24,7 @@ def _cmd(config, workdir):
           f"--config.data.data_dir={config.data.data_dir}", f"--workdir={workdir}", *FLAGS]
 
 
+@pytest.mark.slow  # electra-pretrain and electra-export, as subprocesses
 def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, tmp_path):
   config = tiny_data[0]
   store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
@@ -88,6 +87,7 @@ def test_store_lost_mid_save_ends_in_one_line_and_the_rerun_resumes(tiny_data, t
     store.kill()
 
 
+@pytest.mark.slow  # electra-pretrain, as a subprocess
 def test_store_lost_for_seconds_mid_save_is_ridden_out(tiny_data, tmp_path):
   """The store gone for a few seconds while a checkpoint is written (far below the bound): the run goes on, saves
   again after it, and ends with every checkpoint it left complete, the last at the final step."""
