@@ -213,6 +213,7 @@ def test_errors_are_one_line(tiny_data, tmp_path):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # two pre-training runs
 def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
   """train.init_from starts a run from an HF directory's weights (here with lr 0, so they must come back unchanged);
   weights that do not fit the config are refused before anything is written."""

@@ -62,6 +62,7 @@ def test_layer_decay_by_depth():
   assert experiment.layer_decay(0.7, mc(4)) == 0.7
 
 
+@pytest.mark.slow  # a fine-tuning run and its rerun
 def test_early_stopping_after_the_floor_and_a_rerun_trains_no_further(tiny_data, tmp_path):
   """A rate too small to change the dev score: the first evaluation stays the best, so the run stops at the first
   evaluation at or past min_steps with `patience` evaluations since the best, and stays stopped when run again."""
@@ -116,6 +117,7 @@ def test_bad_recipe_values_are_one_line_and_write_nothing(tiny_data, tmp_path, o
   assert not (tmp_path / "ft").exists()
 
 
+@pytest.mark.slow  # four fine-tuning runs
 def test_the_protocol_chooses_the_rate_on_dev_and_reports_the_median_over_seeds(tiny_data, tmp_path):
   c = _config(tiny_data, min_steps=0)
   c.task.update(num_train_examples=160, **SMALL_EVAL)  # 4 runs of 15 steps, evaluated every 5

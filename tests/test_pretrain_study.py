@@ -24,6 +24,7 @@ def test_a_recipe_is_the_baseline_plus_its_overrides():
   assert study_lib.recipe_config(study, "lr1e-3").train.adam_b2 == 0.999
 
 
+@pytest.mark.slow  # a pre-training run
 def test_report_reads_the_evaluations_of_a_real_run(tiny_data, tmp_path):
   config = copy.deepcopy(tiny_data[0])
   config.train.update(num_steps=4, eval_every=2, log_every=2, checkpoint_every=4)
