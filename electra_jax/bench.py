@@ -79,23 +79,15 @@ def host_batches(config, special, prepared=None) -> list:
   return batches
 
 
-def kernel_counts(compiled, state) -> dict:
-  """What the optimised step is made of: the state's parameter arrays and aot.kernel_counts (as electra-compile)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from electra_jax.parallel import aot  # pylint: disable=g-import-not-at-top
-  return dict(param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
-
-
 def memory_report(compiled) -> dict:
   """Bytes of the compiled step per device: arguments + outputs not aliased to (donated) arguments + temporaries."""
   m = compiled.memory_analysis()
   if m is None:
     return {}
-  report = dict(argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
-                alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes)
-  report["peak_memory_bytes"] = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
-                                 m.temp_size_in_bytes)
-  return report
+  return dict(argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
+              alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes,
+              peak_memory_bytes=(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
+                                 m.temp_size_in_bytes))
 
 
 def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3, profile: str | None = None
@@ -105,6 +97,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
+  from electra_jax.parallel import aot  # pylint: disable=g-import-not-at-top
   rng = jax.random.key(config.train.seed)
   t0 = time.perf_counter()
   state = jax.block_until_ready(exp.sharded.init(rng))
@@ -115,8 +108,9 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   batches = [input_pipeline.to_global(b, exp.step_batch) for b in (host if k == 1 else stacks)]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
+  # What the optimised step is made of, as electra-compile counts it.
   result = dict(init_s=init_s, compile_s=time.perf_counter() - t0, **memory_report(compiled),
-                **kernel_counts(compiled, state))
+                param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
   for i in range(warmup):
     state, step_metrics = compiled(state, batches[i % len(batches)], rng)
   jax.block_until_ready(state)

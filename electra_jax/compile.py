@@ -17,6 +17,7 @@ naming what it needs, the HBM and the largest batch that fits. The last line of 
 import contextlib
 import json
 import time
+from importlib import metadata
 
 from absl import flags
 from ml_collections import config_flags
@@ -63,10 +64,8 @@ def _finetune_targets(ft, encoder, devices):
     what = f"{encoder or 'config.model'} encoder, vocabulary {source.data.vocab_size}"
   seq_len = min(ft.seq_len, source.model.max_position_embeddings)
   mc = experiment.encoder_config(ft, modeling.ModelConfig.from_config(source))
-  head_type = heads.HEADS.get(ft.task.type)
-  if head_type is None:
-    raise ValueError(f"task.type={ft.task.type!r}: expected one of {', '.join(heads.HEADS)}")
-  head = head_type(None if ft.task.type in ("regression", "qa") else ["0", "1"])  # the label count barely matters
+  labels = None if ft.task.type in ("regression", "qa") else ["0", "1"]  # the label count barely matters
+  head = heads.head_type(ft.task)(labels)
   steps = experiment.build_steps(ft, head, mc, seq_len, num_steps=1000, devices=devices)
   model_flops = flops.encoder_flops(mc, mc.discriminator, ft.train.batch_size, seq_len)
   return (experiment.compile_targets(ft, head, steps, seq_len), model_flops, ft.train.batch_size * seq_len,
@@ -196,7 +195,7 @@ def main(config, tpu, gpu, num_slices, encoder):
   compiler = "jax-cuda12-plugin" if gpu else "libtpu"
   result = dict(config=name, **{"gpu" if gpu else "tpu": slice_.name}, devices=n, device_kind=kind,
                 hosts=slice_.num_hosts, batch=config.train.batch_size, what=what, steps=rows, jax=jax.__version__,
-                **{compiler: _version(compiler)}, total_s=time.perf_counter() - t0)
+                **{compiler: metadata.version(compiler)}, total_s=time.perf_counter() - t0)
   if train.get("est_step_s") and "task" not in config:
     days = config.train.num_steps * train["est_step_s"] / 86400
     result["est_days_to_num_steps"] = days
@@ -216,11 +215,6 @@ def _cudnn_named():
       packages.require("nvidia.cudnn", "fused attention for NVIDIA GPUs (cuDNN's flash attention; "
                        "model.attention_impl=einsum compiles without it)")
     raise
-
-
-def _version(package: str) -> str:
-  from importlib import metadata  # pylint: disable=g-import-not-at-top
-  return metadata.version(package)
 
 
 def run():

@@ -72,17 +72,15 @@ class Reader:
     """Where the shard file `name` is read: the dataset's own directory, or this host's copy of a gs:// one."""
     return os.path.join(self._copy.path if self._copy else self._dir, name)
 
-  def _check_fetched(self, name: str):
-    def check(path):
-      if problem := integrity.crc_problem(self.expected.get(name), path):
-        raise integrity.damaged(name, self.dataset_dir, problem)
-    return check
+  def _check_crc(self, name: str, path: str):
+    if problem := integrity.crc_problem(self.expected.get(name), path):
+      raise integrity.damaged(name, self.dataset_dir, problem)
 
   def _shard(self, s: int) -> array_record_module.ArrayRecordReader:
     with self._opening:
       if self._shards[s] is None:
         name = self._files[s]
-        path = self._copy.fetch(name, self._check_fetched(name)) if self._copy else self.path(name)
+        path = self._copy.fetch(name, functools.partial(self._check_crc, name)) if self._copy else self.path(name)
         try:
           reader = array_record_module.ArrayRecordReader(path, options="readahead_buffer_size:0",
                                                          file_reader_buffer_size=32768)
@@ -102,19 +100,18 @@ class Reader:
     except OSError:
       size = None
     what = integrity.size_problem(self.expected.get(self._files[s]), size) or " ".join(str(what).split())
-    if not self._copy:
-      return integrity.damaged(self._files[s], self.dataset_dir, what)
-    with contextlib.suppress(OSError):
-      os.unlink(self.path(self._files[s]))
-    return integrity.damaged(self._files[s], self.dataset_dir, what, local_copy=self.path(self._files[s]))
+    if self._copy:
+      with contextlib.suppress(OSError):
+        os.unlink(self.path(self._files[s]))
+    return integrity.damaged(self._files[s], self.dataset_dir, what,
+                             local_copy=self.path(self._files[s]) if self._copy else None)
 
   def verify(self, s: int, batch: int = 4096):
     """Checks shard `s` whole (size, CRC-32, record count, every chunk's hash), raising integrity.Damaged."""
     if s in self.size_problems:
       raise self.size_problems[s]
-    if not self._copy and (problem := integrity.crc_problem(self.expected.get(self._files[s]),
-                                                            self.path(self._files[s]))):
-      raise integrity.damaged(self._files[s], self.dataset_dir, problem)
+    if not self._copy:
+      self._check_crc(self._files[s], self.path(self._files[s]))
     for start in range(0, self.shard_lengths[s], batch):  # read, not parsed: a third of the time
       self._records(s, list(range(start, min(start + batch, self.shard_lengths[s]))))
 

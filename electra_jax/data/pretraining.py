@@ -56,7 +56,7 @@ def writing(dataset_dir: str):
       raise
     # Measured once TFDS has deleted what it wrote: the space the dataset needs is more than this.
     free = f"; it needs more than the {storage.size(storage.free_space(parent))} free on its disk" if (
-        storage.disk_full(e)) else ""
+        storage.no_space(e, storage.DISK_FULL)) else ""
     raise OSError(f"writing the dataset {dataset_dir} failed, no space ({' '.join(str(e).split())}{free}): nothing "
                   "of it was kept; free space or fix the cause, then re-run") from e
   finally:

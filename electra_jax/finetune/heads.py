@@ -182,8 +182,12 @@ class QA(Head):
 HEADS = {"classification": Classification, "regression": Classification, "token_classification": Tagging, "qa": QA}
 
 
-def load_task(task, tok: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[Head, Split, Split, Split | None]:
-  """The head of task.type and its (train, eval, test or None) splits."""
+def head_type(task) -> type[Head]:
   if task.type not in HEADS:
     raise ValueError(f"task.type={task.type!r}: expected one of {', '.join(HEADS)}")
-  return HEADS[task.type].load(task, tok, seq_len)
+  return HEADS[task.type]
+
+
+def load_task(task, tok: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[Head, Split, Split, Split | None]:
+  """The head of task.type and its (train, eval, test or None) splits."""
+  return head_type(task).load(task, tok, seq_len)

@@ -7,15 +7,12 @@
   QuestionAnswering  ElectraForQuestionAnswering (AutoModelForQuestionAnswering)
 
 Written whole or not at all (storage.staged_dir)."""
-import os
-
 import jax
 import numpy as np
 from flax import traverse_util
 
 from electra_jax.hf import convert as hf_convert
 from electra_jax.hf import directory as hf_directory
-from electra_jax.hf import tokenizer as hf_tokenizer
 from electra_jax.model import modeling
 from electra_jax.runtime import storage
 
@@ -47,7 +44,6 @@ def save(model_config: modeling.ModelConfig, params, names: list[str] | None, to
   """Writes `out` (local or gs://) from process 0; `names` are the label (tag) names: None for regression and QA."""
   if jax.process_index() != 0:
     return
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   kind = architecture(params)
   if kind == "ElectraForQuestionAnswering":
     labels = {}  # ElectraConfig's default num_labels=2: start and end
@@ -58,7 +54,6 @@ def save(model_config: modeling.ModelConfig, params, names: list[str] | None, to
     if kind == "ElectraForSequenceClassification":
       labels["problem_type"] = "single_label_classification"
   with storage.staged_dir(out, last="config.json") as tmp:
-    save_file(state_dict(model_config, params), os.path.join(tmp, hf_directory.WEIGHTS_FILE),
-              metadata={"format": "pt"})
-    hf_convert.save_hf_config(hf_convert.hf_config(model_config, "discriminator", pad_id, kind, **labels), tmp)
-    hf_tokenizer.save_tokenizer(tokenizer_path, tmp, model_config.max_position_embeddings)
+    hf_directory.write_model(tmp, state_dict(model_config, params),
+                             hf_convert.hf_config(model_config, "discriminator", pad_id, kind, **labels),
+                             tokenizer_path, model_config.max_position_embeddings)

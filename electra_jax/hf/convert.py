@@ -1,8 +1,5 @@
 """Our parameter tree <-> HF transformers' ELECTRA state dicts and configs: one network at a time, rename-free
 (modeling.py names parameters as HF does); only Flax's [in, out] kernels are transposed."""
-import json
-import os
-
 import jax
 import numpy as np
 from flax import traverse_util
@@ -109,8 +106,3 @@ def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, archite
       max_position_embeddings=model_config.max_position_embeddings, type_vocab_size=model_config.type_vocab_size,
       initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps,
       pad_token_id=pad_id, tie_word_embeddings=True, **extra)
-
-
-def save_hf_config(config: dict, directory: str):
-  with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
-    f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -29,13 +29,14 @@ GENERATOR_DIR = "generator"
 RUN_CONFIG_FILE = "electra_jax_config.json"  # the pre-training config, for import_hf
 
 
-def _save_network(model_config, params, net: str, tokenizer_path: str, pad_id: int, out_dir: str):
+def write_model(out_dir: str, state_dict: dict, hf_config: dict, tokenizer_path: str, model_max_length: int):
+  """One HF model directory: model.safetensors, config.json (convert.hf_config's) and the tokenizer."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
-  save_file(convert.to_hf_state_dict(model_config, params, net), os.path.join(out_dir, WEIGHTS_FILE),
-            metadata={"format": "pt"})
-  convert.save_hf_config(convert.hf_config(model_config, net, pad_id), out_dir)
-  hf_tokenizer.save_tokenizer(tokenizer_path, out_dir, model_config.max_position_embeddings)
+  save_file(state_dict, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
+  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  hf_tokenizer.save_tokenizer(tokenizer_path, out_dir, model_max_length)
 
 
 def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bool = False,
@@ -54,9 +55,10 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
   if jax.process_index() != 0:
     return
   with storage.staged_dir(output, last="config.json") as tmp:  # sources.kind looks for config.json
-    _save_network(model_config, params, "discriminator", tokenizer_path, tok.special_ids.pad, tmp)
-    _save_network(model_config, params, "generator", tokenizer_path, tok.special_ids.pad,
-                  os.path.join(tmp, GENERATOR_DIR))
+    for net, out_dir in (("discriminator", tmp), ("generator", os.path.join(tmp, GENERATOR_DIR))):
+      write_model(out_dir, convert.to_hf_state_dict(model_config, params, net),
+                  convert.hf_config(model_config, net, tok.special_ids.pad), tokenizer_path,
+                  model_config.max_position_embeddings)
     with open(os.path.join(tmp, RUN_CONFIG_FILE), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
 

@@ -270,7 +270,9 @@ class Checkpointer:
       self._manager.wait_until_finished()
       self._retries = 0
     except Exception as e:  # pylint: disable=broad-except
-      if self._pending is None or _donated(self._pending[2]) or not self._retry(e):
+      leaves = jax.tree.leaves(self._pending[2]) if self._pending else []
+      donated = any(x.is_deleted() for x in leaves if isinstance(x, jax.Array))
+      if self._pending is None or donated or not self._retry(e):
         raise
       step, args, _ = self._pending
       self._manager.save(step, args=args, force=True)
@@ -280,7 +282,7 @@ class Checkpointer:
     """The one-line error of a failed save, once its temporary directories are gone, whichever thread saw it first."""
     if self._failure is None:
       space = ""
-      if storage.disk_full(e) and not storage.is_remote(self.directory):
+      if storage.no_space(e, storage.DISK_FULL) and not storage.is_remote(self.directory):
         space = (f"; no space: a checkpoint needs about {storage.size(self._state_bytes)}, and its disk has "
                  f"{storage.size(storage.free_space(self.directory))} free")
       self._failure = OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}{space}); the "
@@ -318,10 +320,6 @@ def as_saved(tree_metadata):
   """Orbax's metadata of a saved tree as its ShapeDtypeStructs, whole on every device: a reader's default target."""
   replicated = sharding.replicated(sharding.create_mesh(-1, 1))
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=replicated), tree_metadata)
-
-
-def _donated(state) -> bool:
-  return any(x.is_deleted() for x in jax.tree.leaves(state) if isinstance(x, jax.Array))
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):
@@ -456,11 +454,8 @@ def latest_step(workdir: str) -> int | None:
 def read_state(workdir: str, config: ml_collections.ConfigDict, target=None, step: int | None = None):
   """The state (or the part of it `target` names) of `workdir`'s checkpoint at `step` (default: the latest intact
   one), read without writing: it may be a live run's workdir."""
-  ckpt = Checkpointer(workdir, config, read_only=True)
-  try:
+  with contextlib.closing(Checkpointer(workdir, config, read_only=True)) as ckpt:
     return ckpt.restore(target, step).state
-  finally:
-    ckpt.close()
 
 
 def save_params(directory: str, params):

@@ -181,10 +181,6 @@ def no_space(e: Exception, errnos: tuple = NO_SPACE) -> bool:
   return getattr(e, "errno", None) in errnos or any(os.strerror(n) in str(e) for n in errnos)
 
 
-def disk_full(e: Exception) -> bool:
-  return no_space(e, DISK_FULL)
-
-
 def free_space(path) -> int:
   """The bytes free on the local disk that holds (or would hold) `path`."""
   path = os.path.abspath(os.fspath(path))
@@ -196,10 +192,6 @@ def free_space(path) -> int:
 def size(n: int) -> str:
   """A byte count in words: 512 bytes, 3.5 KiB, 1.2 MiB."""
   return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} bytes"
-
-
-def _bytes_under(directory: str) -> int:
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(directory) for f in files)
 
 
 @contextlib.contextmanager
@@ -221,7 +213,7 @@ def staged_dir(out: str, last: str):
     except (OSError, RuntimeError) as e:
       if not no_space(e):
         raise
-      written = _bytes_under(tmp)
+      written = sum(file_sizes(tmp).values())
       shutil.rmtree(tmp, ignore_errors=True)
       free = shutil.disk_usage(os.path.dirname(tmp)).free  # with the staged part deleted again
       kept = f"the earlier {out} is unchanged" if epath.Path(out).exists() else "nothing of it was kept"
