@@ -1,11 +1,6 @@
 """electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
-transform, run by any Beam runner (DirectRunner on this host's cores, or a cluster's, whose workers see Cloud Storage
-but not this host's disk).
-
-The workers read the corpus's parts, each only its own, and tokenize and pack each document. A document's corpus index
-is its part's offset (a first pass counts each part's documents) plus its place in the part, so the dataset is the
-single-host path's. Each worker writes its shards locally (ArrayRecord's writer takes local paths only), records their
-sizes and CRC-32s beside them and copies them into place; the launcher gathers those records into metadata.json.
+transform run by any Beam runner; the workers read the corpus's parts, each only its own, and make the single-host
+path's dataset (docs/data.md, "Corpora larger than one host: Apache Beam").
 """
 import json
 import os

@@ -1,9 +1,6 @@
-"""Per-host input: this host's rows of each global batch of the prepared dataset (shuffled, repeated, prefetched),
-and `to_global`, the one place where host numpy becomes global jax arrays.
-
-The dataset is array_record, read by index with no TensorFlow in the process. Global batch b is a pure function of
-(seed, b), so the iterator's whole state is {"step": b}, a resumed run sees bit-identical batches on any number of
-hosts, and a host fetches from gs:// only the shards it reads (docs/data.md, "The input pipeline and exact resume").
+"""Per-host input: this host's rows of each global batch of the prepared dataset (array_record, read by index with no
+TensorFlow in the process; shuffled, repeated, prefetched), and `to_global`, the one place where host numpy becomes
+global jax arrays (docs/data.md, "The input pipeline and exact resume").
 """
 import collections
 import concurrent.futures

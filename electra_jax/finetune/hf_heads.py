@@ -1,12 +1,6 @@
-"""The fine-tuned model as an HF transformers directory: model.safetensors, config.json and the tokenizer
-(hf/tokenizer.py), of the class its head makes it:
-
-  Classifier         ElectraForSequenceClassification (AutoModelForSequenceClassification): id2label/label2id from
-                     the label names and problem_type single_label_classification; without names, 1 label, regression
-  TokenClassifier    ElectraForTokenClassification (AutoModelForTokenClassification): id2label/label2id, tag names
-  QuestionAnswering  ElectraForQuestionAnswering (AutoModelForQuestionAnswering)
-
-Written whole or not at all (storage.staged_dir)."""
+"""The fine-tuned model as an HF transformers directory (hf/directory.write_model), written whole or not at all, of the
+class its head makes it (`architecture`): ElectraForSequenceClassification (regression without label names),
+ElectraForTokenClassification or ElectraForQuestionAnswering, each loadable by its AutoModelFor* class."""
 import jax
 import numpy as np
 from flax import traverse_util

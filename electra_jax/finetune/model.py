@@ -1,12 +1,6 @@
-"""The fine-tuned models: the discriminator's encoder ("electra") with a task head named as in HF transformers, and
-where the encoder weights come from.
-
-  Classifier          [B, num_labels] from the [CLS] state  (ElectraForSequenceClassification; 1 label: regression)
-  TokenClassifier     [B, L, num_labels], one per piece      (ElectraForTokenClassification)
-  QuestionAnswering   [B, L, 2]: start and end logits        (ElectraForQuestionAnswering, num_labels=2)
-
-Each is built as MODELS[task.type](model_config, num_labels) and called as model(input_ids, segment_ids,
-deterministic=...), float32 logits out."""
+"""The fine-tuned models, each MODELS[task.type](model_config, num_labels) called as model(input_ids, segment_ids,
+deterministic=...) for float32 logits: the discriminator's encoder ("electra") with a task head named as in HF
+transformers; and where the encoder weights come from."""
 
 import flax.linen as nn
 import jax
@@ -42,7 +36,8 @@ def _encode(config: modeling.ModelConfig, input_ids, segment_ids, deterministic:
 
 
 class Classifier(nn.Module):
-  """The discriminator's encoder ("electra") and the classification head ("classifier") on its [CLS] state."""
+  """[B, num_labels] logits (1: regression) of the classification head ("classifier") on the [CLS] state, as HF's
+  ElectraForSequenceClassification."""
   config: modeling.ModelConfig
   num_labels: int
 
@@ -53,7 +48,7 @@ class Classifier(nn.Module):
 
 
 class TokenClassifier(nn.Module):
-  """The encoder, then dropout → dense(num_labels) ("classifier") at every position, as HF's
+  """[B, L, num_labels]: dropout → dense(num_labels) ("classifier") at every position, as HF's
   ElectraForTokenClassification (its classifier_dropout is unset: the hidden dropout rate)."""
   config: modeling.ModelConfig
   num_labels: int
@@ -66,8 +61,8 @@ class TokenClassifier(nn.Module):
 
 
 class QuestionAnswering(nn.Module):
-  """The encoder, then dense(2) ("qa_outputs") at every position, no dropout, as HF's ElectraForQuestionAnswering:
-  [..., 0] the start logits, [..., 1] the end logits."""
+  """[B, L, 2]: dense(2) ("qa_outputs") at every position, no dropout, as HF's ElectraForQuestionAnswering: [..., 0]
+  the start logits, [..., 1] the end logits."""
   config: modeling.ModelConfig
   num_labels: int = 2
 

@@ -1,12 +1,7 @@
-"""electra-finetune's runs: one run of a config, or the paper's fine-tuning protocol: one run for every (learning
-rate, seed), the rate chosen on the dev fold, the eval split reported at that rate as the median (min-max) over seeds,
-as ELECTRA reports GLUE (median of several seeds). `electra-finetune --seeds=0,1,2 --learning_rates=1e-4,3e-4` runs
-it.
-
-The rate chosen is the one whose runs' selected models score best on the dev fold (median over seeds of task.metric);
-the eval split never chooses anything. Each run is an ordinary fine-tuning workdir, WORKDIR/lr<rate>/seed<seed>, so an
-interrupted protocol resumes run by run. WORKDIR receives protocol.json (every run's results, the rate chosen, the
-summary), protocol.md (the table) and dev_curves.png (the dev metric of every run over its steps).
+"""electra-finetune's runs: one run of a config, or the paper's fine-tuning protocol (`--seeds=0,1,2
+--learning_rates=1e-4,3e-4`): a run for every (learning rate, seed), each an ordinary workdir under run_dir, the rate
+chosen on the dev fold and the eval split reported at that rate as the median (min-max) over seeds, as ELECTRA reports
+GLUE; the eval split never chooses anything (docs/finetuning.md, "The paper's protocol: seeds × learning rates").
 """
 import io
 import json

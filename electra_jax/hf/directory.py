@@ -1,11 +1,7 @@
-"""An HF transformers ELECTRA directory, written from our parameters (export) and read back into them (import_hf).
-
-`export` writes OUT/ (the discriminator), OUT/generator/ (the generator), each with model.safetensors, config.json and
-the tokenizer, plus the run's config (electra_jax_config.json); OUT, local or gs://, is either complete or absent.
-`import_hf` turns an HF ELECTRA directory (ours, or a released google/electra-* one) back into (config, params), the
-embedding sharing inferred: "shared" when the generator's embeddings equal the discriminator's (or there is no
-generator), else "untied". Literal "[CLS]" and the like typed into text stay special tokens in HF tokenizers, never
-in ours: clean such strings from raw text.
+"""An HF transformers ELECTRA directory, written from our parameters (`export`: the discriminator, the generator in
+generator/, and the run's config) and read back into them (`import_hf`: ours, or a released google/electra-* one).
+Literal "[CLS]" and the like typed into text stay special tokens in HF tokenizers, never in ours: clean such strings
+from raw text.
 """
 import json
 import os
@@ -41,7 +37,8 @@ def write_model(out_dir: str, state_dict: dict, hf_config: dict, tokenizer_path:
 
 def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bool = False,
            tokenizer_path: str | None = None):
-  """Writes the discriminator to `output` and the generator to `output`/generator, atomically."""
+  """Writes the discriminator to `output` and the generator to `output`/generator, each as write_model does, plus the
+  run's config (RUN_CONFIG_FILE); `output`, local or gs://, is complete or absent."""
   storage.refuse_existing(output, overwrite)
   model_config = modeling.ModelConfig.from_config(config)
   tokenizer_path = tokenizer_path or prepared.tokenizer_path(config)
@@ -90,7 +87,9 @@ def _read_hf_config(directory: str) -> dict:
 
 def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None):
   """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
-  hf_dir/generator), fitting `experiment.create(config)`; the config's data.tokenizer is `tokenizer_path`."""
+  hf_dir/generator), fitting `experiment.create(config)`; the config's data.tokenizer is `tokenizer_path`. The
+  embedding sharing is inferred: "shared" when the generator's embeddings equal the discriminator's (or there is no
+  generator), else "untied"."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)

@@ -1,10 +1,7 @@
-"""Cloud TPU slices and NVIDIA GPU hosts as their compilers see them, from any host: an accelerator type (gcloud's
-names: v3-8, v4-32, v5litepod-16 alias v5e-16, v5p-8, v6e-8) and a slice count, or a GPU and a count (h100, h200:8,
-a100:16), become their devices (jax.experimental.topologies, through libtpu, the `tpu` extra, or through XLA's GPU
-compiler in the CUDA plugin, the `gpu-compile` extra, from the device descriptions in gpu_targets/), with each device's
-HBM (flops.py has their peaks).
-
-No TPU or GPU is needed: the devices are descriptions a program can be compiled for, never run on.
+"""Cloud TPU slices and NVIDIA GPU hosts as their compilers see them, from any host: an accelerator type (`parse`) or
+a GPU and a count (`parse_gpu`) become their devices (jax.experimental.topologies, through libtpu, the `tpu` extra,
+or XLA's GPU compiler in the CUDA plugin, the `gpu-compile` extra, from gpu_targets/) and each device's HBM: no TPU or
+GPU is needed, the devices are descriptions a program can be compiled for, never run on.
 """
 import contextlib
 import dataclasses

@@ -1,11 +1,9 @@
 """Orbax checkpoints: a training workdir's, and bare parameter trees (a params-only export).
 
 <workdir>/checkpoints/<step>/ holds `state` (the TrainState), `data` (the loop's JSON payload and the tokenizer's
-fingerprint), `rng`, `config` and `checksums` (checksums()). Saves are asynchronous and atomic (a step counts once
-Orbax has renamed it into place, or on gs:// written its commit_success.txt), so a kill leaves the earlier checkpoints
-intact; on gs://, a save that fails while the store stumbles is saved again. Restoring places every array with the
-current mesh's shardings and checks the checksums: a corrupt checkpoint is passed over for the newest intact one,
-never deleted (docs/reliability.md, "Checkpoints").
+fingerprint), `rng`, `config` and `checksums` (checksums()). Saves are asynchronous and atomic; restoring places every
+array with the current mesh's shardings and checks the checksums, passing a corrupt checkpoint over for the newest
+intact one (docs/reliability.md, "Checkpoints").
 """
 import contextlib
 import json
@@ -287,10 +285,8 @@ class Checkpointer:
                  f"{storage.size(storage.free_space(self.directory))} free")
       self._failure = OSError(f"saving a checkpoint under {self.directory} failed ({_first_line(e)}{space}); the "
                               "earlier checkpoints are intact: free space or fix the cause, then re-run to resume")
-      try:
-        self._manager.wait_until_finished()  # the save's other threads stop; the same failure is raised again
-      except Exception:  # pylint: disable=broad-except
-        pass
+      with contextlib.suppress(Exception):  # the save's other threads stop; the same failure is raised again
+        self._manager.wait_until_finished()
       if jax.process_index() == 0:
         _remove_tmp_dirs(self.directory)
     return self._failure
@@ -329,10 +325,8 @@ def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0
   while time.monotonic() - quiet_since < quiet_s and time.monotonic() - start < limit_s:
     for tmp in epath.Path(directory).glob("*.orbax-checkpoint-tmp*"):
       quiet_since = time.monotonic()
-      try:
+      with contextlib.suppress(OSError):  # changed while deleting it: the next round finishes it
         tmp.rmtree()
-      except OSError:  # changed while deleting it: the next round finishes it
-        pass
     time.sleep(0.05)
 
 

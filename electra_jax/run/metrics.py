@@ -1,5 +1,6 @@
 """What a run reports: metrics.jsonl (one JSON object per logged step) and TensorBoard scalars, rewound to the step a
 resumed run starts from, written by a thread of their own so the training loop never waits on a disk or a bucket."""
+import contextlib
 import json
 import os
 import queue
@@ -138,8 +139,7 @@ class RemoteLog:
       self._parts += 1
     self._buffer = b""
 
-  def close(self):
-    self.flush()
+  close = flush
 
 
 class _RemoteEvents:
@@ -162,9 +162,7 @@ def _rewind(path: epath.Path, step: int):
     return
   kept = []
   for line in path.read_text().splitlines(keepends=True):
-    try:
+    with contextlib.suppress(ValueError, KeyError):
       if json.loads(line)["step"] <= step:
         kept.append(line)
-    except (ValueError, KeyError):
-      pass
   storage.write(path, "".join(kept))

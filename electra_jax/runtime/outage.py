@@ -1,12 +1,7 @@
-"""When Cloud Storage stops answering: the libraries retry with backoff for a bounded time, then the command ends in
-one line and exit status 1, not pages of retry tracebacks nor a stalled run (docs/reliability.md,
-"Cloud Storage stops answering").
-
-The bound is $ELECTRA_JAX_STORAGE_TIMEOUT_S (default TIMEOUT_S). A thread asks the store for an answer every few
-seconds, any HTTP answer below 500 counting; once none has come for the bound, it prints the line and ends the process,
-whatever thread waits on the store. gcsfs's retries are lengthened to outlast the bound, so a shorter outage is ridden
-out. What was complete before stays: Orbax counts a gs:// checkpoint only once its commit_success.txt is written, and
-a staged upload (storage.staged_dir) writes the file its readers look for last."""
+"""When Cloud Storage stops answering: the libraries retry with backoff for a bounded time ($ELECTRA_JAX_STORAGE_TIMEOUT_S,
+default TIMEOUT_S), then a thread that asks the store for an answer every few seconds ends the command in one line,
+exit 1, whatever thread waits on the store (docs/reliability.md, "Cloud Storage stops answering", has the whole
+design)."""
 import os
 import sys
 import threading

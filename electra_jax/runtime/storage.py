@@ -323,10 +323,8 @@ def remove_leftovers(path):
       continue
     full = os.path.join(directory, entry)
     owner = re.fullmatch(r"(.+)-(\d+)-[0-9a-f]{32}", m[1])
-    try:
+    with contextlib.suppress(OSError):  # gone meanwhile, or not ours to delete
       abandoned = (owner and process_gone(owner[1], int(owner[2]))) or (
           time.time() - os.lstat(full).st_mtime > LEFTOVER_AGE_S)
       if abandoned:
         shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
-    except OSError:  # gone meanwhile, or not ours to delete
-      pass
