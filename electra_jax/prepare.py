@@ -13,8 +13,7 @@ import contextlib
 import os
 import tempfile
 
-from absl import flags
-from absl import logging
+from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 

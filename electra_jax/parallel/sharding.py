@@ -94,17 +94,16 @@ def tree_shardings(abstract_boxed_tree, mesh: Mesh):
   """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape). Logs, once,
   every array that stays replicated along a dimension its rule would split because the mesh does not divide it."""
   wanted = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
-  fitted, shapes = tree_specs(abstract_boxed_tree, mesh)
   undivided = []
 
-  def fit(path, spec, fit_spec, x):
-    name = jax.tree_util.keystr(path)
-    if tuple(fit_spec) != tuple(spec) + (None,) * (len(fit_spec) - len(spec)) and "opt_state" not in name:
+  def fit(path, spec, x):
+    fitted, name = _fit(spec, x.shape, mesh), jax.tree_util.keystr(path)
+    if tuple(fitted) != tuple(spec) + (None,) * (len(fitted) - len(spec)) and "opt_state" not in name:
       undivided.append(f"{name} {tuple(x.shape)}")
-    return NamedSharding(mesh, fit_spec)
+    return NamedSharding(mesh, fitted)
 
-  is_spec = lambda s: isinstance(s, P)
-  shardings = jax.tree_util.tree_map_with_path(fit, wanted, fitted, shapes, is_leaf=is_spec)
+  shardings = jax.tree_util.tree_map_with_path(fit, wanted, nn.meta.unbox(abstract_boxed_tree),
+                                               is_leaf=lambda s: isinstance(s, P))
   if undivided:
     logging.info("Replicated where the %s mesh does not divide a dimension: %s", dict(mesh.shape),
                  "; ".join(undivided))

@@ -80,17 +80,16 @@ class Checkpointer:
     self._retries = 0  # failed saves retried in a row
     self._tokenizer = prepared.fingerprint(tokenizer_path) if tokenizer_path else None
     if read_only:  # every option Orbax would otherwise turn off with a warning each
-      options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
-                                             lightweight_initialize=True)
+      self._options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
+                                                   lightweight_initialize=True)
     else:
-      options = ocp.CheckpointManagerOptions(
+      self._options = ocp.CheckpointManagerOptions(
           max_to_keep=config.train.keep_checkpoints, enable_async_checkpointing=True, cleanup_tmp_directories=True,
           create=False,  # the first save creates the directory: a run that fails its checks writes nothing
           # Every checkpoint_every steps and at a preemption; not Orbax's default extra save at a run's first step.
           save_decision_policy=ocp.checkpoint_managers.AnySavePolicy([
               ocp.checkpoint_managers.FixedIntervalPolicy(config.train.checkpoint_every),
               ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]))
-    self._options = options
     self._manager = self._open()
 
   def _open(self) -> ocp.CheckpointManager:
