@@ -79,11 +79,11 @@ VARIANTS = {
 }
 # The pace issue's A/B as one call (issue 79, item 6), then a short pre-training box under the winner, its export
 # and the fine-tuning's programs compiled: the sitting's later calls (a long box, the fine-tuning) load their programs
-# from the compilation cache. The schedule is the long box's (so its programs are these), its cadences multiples of 8.
+# from the compilation cache. The box is what a start-up without compiling (62-78 s on 2026-11-28) leaves of 2 minutes. The schedule is the long box's (so its programs are these), its cadences multiples of 8.
 SCHEDULE = ["--config.train.num_steps=20000", "--config.train.warmup_steps=2000"]
 PRESETS = {"pace": dict(
     steps=["env", "ab", "pretrain", "export", "finetune"], bench=["small:128x128"], ab_attention="fused",
-    ab_variants=["default", "einsum", "per_array", "k4", "k8"], bench_steps=50, profile=False, pretrain_minutes=1.5,
+    ab_variants=["default", "einsum", "per_array", "k4", "k8"], bench_steps=50, profile=False, pretrain_minutes=2.0,
     bench_override=SCHEDULE, pretrain_override=SCHEDULE + [
         "--config.train.eval_every=2000", "--config.train.checkpoint_every=10000", "--config.train.log_every=200",
         "--config.model.attention_impl=fused", "--config.model.attention_dropout_rate=0"],
@@ -363,7 +363,7 @@ def main(argv):
     commands = dict(
         env=[[py, "-c", "ENV_SNIPPET"]], counts=[counts_cmd(v) for v in FLAGS.ab_variants], ab=[ab_cmd],
         bench=[cmd for _, _, cmd in bench_runs], peer=[cmd for _, cmd in peer_runs],
-        pretrain=[pretrain_cmd({}, pretrain_overrides) + ["+ the fastest variant's overrides"]],
+        pretrain=[pretrain_cmd({}, pretrain_overrides)],
         export=[export_cmd], finetune=[cmd for _, cmd in finetune_jobs])
     estimate = dict(
         ESTIMATE_S, counts=0, ab=AB_START_S + AB_COMPILE_S * (1 + math.ceil((n - 1) / FLAGS.compile_threads)) +
@@ -375,6 +375,7 @@ def main(argv):
     for name in steps:
       lines.append(f"{name}: {estimate[name]:.0f} s" + (" (CPU host; run it before the sitting)" * (name == "counts")))
       lines += ["  " + shlex.join(cmd) for cmd in commands.get(name, [])]
+      lines += ["  and the fastest variant's overrides, the box's schedule before them"] * (name == "pretrain")
     total = START_S + ESTIMATE_S["install"] * ("install" not in steps) + sum(estimate[name] for name in steps)
     print("\n".join(lines + [f"total: {total:.0f} s ({total / 60:.1f} minutes) of device time"]))
     return

@@ -354,7 +354,7 @@ def test_the_pace_preset_planned(tmp_path):
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   seconds = {m[1]: int(m[2]) for l in lines if (m := re.fullmatch(r"(\w+): (\d+) s", l))}
-  assert list(seconds) == ["env", "ab", "pretrain"] and seconds["pretrain"] == 90  # --steps wins over the preset's
+  assert list(seconds) == ["env", "ab", "pretrain"] and seconds["pretrain"] == 120  # --steps wins over the preset's
   ab = next(l for l in lines if "benchmarks/gpu_ab.py" in l)
   for variant in ("default", "einsum:--config.model.attention_impl=einsum,", "per_array:", "k4:", "k8:"):
     assert f"--variant={variant}" in ab
