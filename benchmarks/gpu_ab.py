@@ -92,7 +92,7 @@ def time_stable(exp, prepared, steps: int) -> float:
   placed = input_pipeline.OnDevice(input_pipeline.train_iterator(config, prepared), exp.step_batch, steps=k,
                                    stable=True)
   state, _ = jax.block_until_ready(exp.step(state, next(placed), rng))
-  _, seconds = bench._loop_window(exp.step, state, placed, rng, steps)  # pylint: disable=protected-access
+  _, seconds = bench.loop_window(exp.step, state, placed, rng, steps)
   placed.close()
   return seconds / (steps * k)
 
