@@ -27,6 +27,7 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "tra
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
                   "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
                   "mesh.", "model.remat", "train.grad_accum_steps", "train.steps_per_dispatch",
+                  "train.stable_batch_buffers",
                   "data.data_dir", "data.num_workers", "overwrite", "version")
 
 # Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py), and "tiny" for
@@ -143,6 +144,9 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       stop_on_spike=False,
       # Steps in one jitted call (docs/pretraining_features.md); the run's cadences must be multiples of it.
       steps_per_dispatch=1,
+      # Each dispatch's batch written into the same device buffers (input_pipeline.OnDevice): a GPU step's command
+      # buffer then finds its input where it was (docs/pretraining_features.md).
+      stable_batch_buffers=False,
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(

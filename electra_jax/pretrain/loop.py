@@ -54,7 +54,8 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
                      f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
                      f"{int(state.step)}")
   train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(exp.config, prepared, state=position),
-                                       exp.step_batch, steps=exp.steps_per_dispatch)
+                                       exp.step_batch, steps=exp.steps_per_dispatch,
+                                       stable=train_config.stable_batch_buffers)
   checked()  # Every check passed: only now is anything written.
   writer = metrics_lib.Writer(workdir, int(state.step))
   body = PreTraining(exp, prepared, train_iter, int(state.step))
