@@ -4,14 +4,10 @@
   electra-bench --config=configs/demo.py --data_dir=data/demo --pipeline   # real ids; the input pipeline's speed too
   electra-bench --config=configs/small.py --data_dir=data/demo --host_loop --steps=300
 
-Compiles the step (compile time, memory, what it is made of: fusions, kernels by kind), then times --steps steps on
-device-resident batches (synthetic ids laid out as packed data, or the prepared dataset's under --data_dir), then the
-same steps as the training loop drives them (loop_step_time_s: host batches placed ahead by a thread, metrics read
-late; loop_resident_step_time_s: the same loop on resident batches); the differences are what the host costs.
---host_loop times electra-pretrain's own loop around a step that costs nothing instead: the host's time, CPU time
-and input wait a step, and the other threads' CPU time. Whether a config fits a TPU slice: electra-compile. The last
-line of output is one JSON object (config, device, step_time_s, tokens_per_sec, mfu, memory, fusions, ...);
-docs/benchmarks.md explains the fields.
+Compiles the step (compile time, memory, fusions, kernels by kind), then times --steps steps on device-resident
+batches (synthetic ids laid out as packed data, or the prepared dataset's under --data_dir), then as the training loop
+drives them; --host_loop times electra-pretrain's own loop around a step that costs nothing instead. The last line of
+output is one JSON object, whose fields docs/benchmarks.md explains. Whether a config fits a TPU slice: electra-compile.
 """
 import collections
 import gc
@@ -124,8 +120,8 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   placed = input_pipeline.OnDevice(stream, exp.step_batch, steps=k)
   # Fills jit's own cache and starts the stream before a window opens.
   state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))
-  state, resident_seconds = _loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
-  state, loop_seconds = _loop_window(exp.step, state, placed, rng, steps)
+  state, resident_seconds = loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
+  state, loop_seconds = loop_window(exp.step, state, placed, rng, steps)
   placed.close()
   result.update(loop_step_time_s=loop_seconds / (steps * k),
                 loop_tokens_per_sec=config.train.batch_size * config.data.seq_len * steps * k / loop_seconds,
@@ -141,7 +137,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
               **flops.throughput(exp.step_flops, config.train.batch_size * config.data.seq_len, steps * k, seconds))
 
 
-def _loop_window(step, state, batches, rng, steps: int):
+def loop_window(step, state, batches, rng, steps: int):
   """(state, seconds) of `steps` calls of the jitted `step` on `batches` as the training loop makes them."""
   from electra_jax.run import loop  # pylint: disable=g-import-not-at-top
   pending = collections.deque()
