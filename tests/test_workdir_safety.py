@@ -365,7 +365,7 @@ def test_leftovers_of_killed_writers_go_with_the_next_write(tmp_path):
 
 def test_a_failed_write_leaves_no_temporary(tmp_path):
   """Disk full while writing (files limited to one block by `ulimit -f 1`): the error, and nothing left behind."""
-  script = "import sys; from electra_jax import storage; storage.write(sys.argv[1], b'x' * 65536)"
+  script = "import sys; from electra_jax.runtime import storage; storage.write(sys.argv[1], b'x' * 65536)"
   out = subprocess.run(["sh", "-c", 'ulimit -f 1 && exec "$@"', "sh", sys.executable, "-c", script,
                         str(tmp_path / "tokenizer.model")], cwd=cli.ROOT, capture_output=True, text=True,
                        check=False)
