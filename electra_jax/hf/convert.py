@@ -93,16 +93,19 @@ def from_hf_state_dict(model_config: modeling.ModelConfig, state: dict, net: str
   return traverse_util.unflatten_dict(flat)
 
 
+# config.model's keys (an EncoderConfig's, then ModelConfig's) as HF's ElectraConfig names them.
+HF_NAMES = dict(num_layers="num_hidden_layers", hidden_size="hidden_size", num_heads="num_attention_heads",
+                intermediate_size="intermediate_size", embedding_size="embedding_size",
+                max_position_embeddings="max_position_embeddings", type_vocab_size="type_vocab_size",
+                dropout_rate="hidden_dropout_prob", attention_dropout_rate="attention_probs_dropout_prob",
+                initializer_range="initializer_range", layer_norm_eps="layer_norm_eps")
+
+
 def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, architecture: str = "", **extra) -> dict:
   """The config.json of `net` as transformers.ElectraConfig reads it, built as plain JSON: an ElectraConfig would import
   transformers and torch, slowing every export's start and making torch a dependency of writing a file."""
   e = getattr(model_config, net)
   default = "ElectraForPreTraining" if net == "discriminator" else "ElectraForMaskedLM"
-  return dict(
-      model_type="electra", architectures=[architecture or default], vocab_size=model_config.vocab_size,
-      embedding_size=model_config.embedding_size, hidden_size=e.hidden_size, num_hidden_layers=e.num_layers,
-      num_attention_heads=e.num_heads, intermediate_size=e.intermediate_size, hidden_act="gelu",
-      hidden_dropout_prob=model_config.dropout_rate, attention_probs_dropout_prob=model_config.attention_dropout_rate,
-      max_position_embeddings=model_config.max_position_embeddings, type_vocab_size=model_config.type_vocab_size,
-      initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps,
-      pad_token_id=pad_id, tie_word_embeddings=True, **extra)
+  sizes = {hf: getattr(e if hasattr(e, ours) else model_config, ours) for ours, hf in HF_NAMES.items()}
+  return dict(model_type="electra", architectures=[architecture or default], vocab_size=model_config.vocab_size,
+              hidden_act="gelu", pad_token_id=pad_id, tie_word_embeddings=True, **sizes, **extra)

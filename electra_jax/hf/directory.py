@@ -107,12 +107,7 @@ def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None
   if run_config.exists():
     config = config_lib.from_saved(json.loads(run_config.read_text()), config, os.fspath(run_config))
   m = config.model
-  m.update(num_layers=disc["num_hidden_layers"], hidden_size=disc["hidden_size"],
-           num_heads=disc["num_attention_heads"], intermediate_size=disc["intermediate_size"],
-           embedding_size=disc["embedding_size"], max_position_embeddings=disc["max_position_embeddings"],
-           type_vocab_size=disc["type_vocab_size"], dropout_rate=disc["hidden_dropout_prob"],
-           attention_dropout_rate=disc["attention_probs_dropout_prob"],
-           initializer_range=disc["initializer_range"], layer_norm_eps=disc["layer_norm_eps"])
+  m.update({ours: disc[hf] for ours, hf in convert.HF_NAMES.items()})
   if gen is not None:
     m.generator_fraction = gen["hidden_size"] / disc["hidden_size"]
   config.data.update(vocab_size=disc["vocab_size"], tokenizer=tokenizer_path,
