@@ -101,6 +101,12 @@ class FlatLayout:
     matrix = jnp.concatenate(rows, axis=1)
     return (nn.LogicallyPartitioned(matrix, ("shards", None)) if boxed else matrix), whole
 
+  def gradient(self, tree):
+    """flatten(tree) behind an optimisation barrier, as the clipping and the grad_norm metric both take it (one
+    reduction for both): without it XLA splits a reduction over the concatenation back into one per array, hundreds
+    of small kernels."""
+    return jax.lax.optimization_barrier(self.flatten(tree))
+
   def unflatten(self, flat, like):
     """`flat` (as flatten lays it out) as arrays of `like`'s shapes."""
     leaves, treedef = jax.tree.flatten(like)
@@ -132,7 +138,7 @@ def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.Gr
     return inner.init(layout.flatten(params))
 
   def update(updates, state, params=None):
-    flat, state = inner.update(layout.flatten(updates), state, None if params is None else layout.flatten(params))
+    flat, state = inner.update(layout.gradient(updates), state, None if params is None else layout.flatten(params))
     return layout.unflatten(flat, updates), state
   return optax.GradientTransformation(init, update)
 
@@ -200,12 +206,9 @@ def build(recipe: Recipe, mesh: jax.sharding.Mesh | None = None) -> Optimizer:
 
 
 def global_norm(grads, flat: FlatLayout | None) -> jax.Array:
-  """The gradient's global norm (the steps' grad_norm), as the update takes it: with the flat update, of the arrays
-  it flattens to (the same flattening, which XLA computes once), a reduction each. The barrier keeps them whole: XLA
-  would split a reduction over a concatenation back into one per array, hundreds of small kernels."""
-  if not flat:
-    return optax.global_norm(grads)
-  return optax.global_norm(jax.lax.optimization_barrier(flat.flatten(grads)))
+  """The gradient's global norm (the steps' grad_norm), as the clipping takes it, so that XLA computes it once: with
+  the flat update, of the arrays FlatLayout.gradient flattens to, a reduction each."""
+  return optax.global_norm(flat.gradient(grads) if flat else grads)
 
 
 def lr_multiplier(path, num_layers: int, decay: float) -> float:
