@@ -128,12 +128,8 @@ def parse(accelerator_type: str, num_slices: int = 1) -> Slice:
   if num_slices < 1:
     raise ValueError(f"--num_slices={num_slices} must be at least 1")
   shape = _torus(chips, spec.dims)
-  if chips <= spec.single_host_chips:
-    host = tuple(shape) + (1,) * (3 - len(shape))
-  else:
-    host = (2, 2, 1)
-  name = f"{generation}-{size}"
-  return Slice(name, generation, chips, num_slices, shape, host)
+  host = shape + (1,) * (3 - len(shape)) if chips <= spec.single_host_chips else (2, 2, 1)  # chips per host
+  return Slice(f"{generation}-{size}", generation, chips, num_slices, shape, host)
 
 
 # XLA's descriptions of each GPU (stream_executor.GpuTargetConfigProto in text form, shipped in gpu_targets/).

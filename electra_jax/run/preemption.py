@@ -40,10 +40,8 @@ class Watcher:
       os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier tells the other hosts
 
   def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      reached = multihost_utils.reached_preemption_sync_point(step)
-    else:
-      reached = self.signal is not None
+    reached = (multihost_utils.reached_preemption_sync_point(step) if jax.process_count() > 1 else
+               self.signal is not None)
     if reached and self.stop_step is None:
       self.stop_step = step
     return reached
