@@ -8,11 +8,9 @@ kernels each step is made of, before a slice or a GPU host is booked.
   electra-compile --config=configs/small.py --gpu=h200
 
 The steps are the commands' own, jitted over the config's mesh and compiled from shapes alone by XLA's TPU compiler
-(the `tpu` extra) or GPU compiler (the `gpu-compile` extra). Per device: the memory plan against the HBM, the step's
-FLOPs as XLA and electra_jax.model.flops count them, the TPU cost model's step time and what it implies (estimates,
-not measurements), and each step's kernels by kind (aot.kernel_counts). A step that does not fit ends in one line
-naming what it needs, the HBM and the largest batch that fits. The last line of output is one JSON object
-(docs/tpu.md, docs/gpu_compile.md).
+(the `tpu` extra) or GPU compiler (the `gpu-compile` extra); the cost model's figures are estimates, not measurements.
+A step that does not fit ends in one line naming what it needs, the HBM and the largest batch that fits. The last
+line of output is one JSON object (docs/tpu.md, docs/gpu_compile.md).
 """
 import contextlib
 import json

