@@ -57,16 +57,9 @@ def own(path: str) -> bool:
   return os.path.abspath(path).startswith(tuple(d + os.sep for d in OWN_DIRS))
 
 
-class _ProjectVoice(std_logging.Filter):
-  """The project's lines, and the libraries' warnings and errors but CHATTER."""
-
-  def filter(self, record):
-    if own(record.pathname):
-      return True
-    return record.levelno >= std_logging.WARNING and not str(record.msg).startswith(CHATTER)
-
-
-_VOICE = _ProjectVoice()
+def _project_voice(record: std_logging.LogRecord) -> bool:
+  """A log filter: the project's lines, and the libraries' warnings and errors but CHATTER."""
+  return own(record.pathname) or (record.levelno >= std_logging.WARNING and not str(record.msg).startswith(CHATTER))
 
 
 def _announce_downloads_only(announce):
@@ -110,7 +103,7 @@ def start():
   if not getattr(writer.emit, "between_bars", False):
     writer.emit = _between_bars(writer.emit)
   if flags.FLAGS["verbosity"].present:
-    handler.removeFilter(_VOICE)
+    handler.removeFilter(_project_voice)
   else:
-    handler.addFilter(_VOICE)
+    handler.addFilter(_project_voice)
     _quiet_empty_downloads()
