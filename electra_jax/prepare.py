@@ -97,7 +97,7 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
         data_dir=staging or (local if remote else data.data_dir))
     with _removed(staging) if staging else pretraining.writing(os.fspath(builder.data_path)):
       builder.download_and_prepare(download_dir=nothing_to_download, file_format="array_record",
-                                   download_config=tfds.download.DownloadConfig(
+                                   download_config=pretraining.DownloadConfig(
                                        num_shards=data.num_shards or None, beam_options=beam_options or None))
       if remote:
         if path.exists():

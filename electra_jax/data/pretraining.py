@@ -83,8 +83,8 @@ class _Shards(shard_utils.ShardConfig):
     return self.num_shards or num_shards(total_size, num_examples)
 
 
-class _Download(tfds.download.DownloadConfig):
-  """A DownloadConfig whose shard count, where it sets none, is `num_shards`'s."""
+class DownloadConfig(tfds.download.DownloadConfig):
+  """What electra-prepare builds with: TFDS's, each split in `num_shards` shards where it sets no count."""
 
   def get_shard_config(self) -> shard_utils.ShardConfig:
     return _Shards(num_shards=self.num_shards)
@@ -107,19 +107,13 @@ def is_validation(index: int, fraction: float) -> bool:
 
 
 class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
-  """Packed ELECTRA pre-training examples; built by electra-prepare with a PretrainingConfig."""
+  """Packed ELECTRA pre-training examples; built by electra-prepare with a PretrainingConfig and a DownloadConfig."""
 
   VERSION = tfds.core.Version(prepared.VERSION)  # its name, electra_pretraining, is prepared.NAME
 
   def __init__(self, *, config: PretrainingConfig, **kwargs):
     self.stats = {}
     super().__init__(config=config, **kwargs)
-
-  def download_and_prepare(self, *, download_config: tfds.download.DownloadConfig | None = None, **kwargs):
-    """TFDS's, each split in `num_shards` shards where download_config sets no count."""
-    config = download_config or tfds.download.DownloadConfig()
-    super().download_and_prepare(
-        download_config=_Download(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}), **kwargs)
 
   def _download_and_prepare(self, dl_manager, download_config=None):
     super()._download_and_prepare(dl_manager, download_config)
