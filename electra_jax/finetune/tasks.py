@@ -25,11 +25,8 @@ def _finite(value) -> float | None:
 
 def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task, labelled: bool) -> list[dict]:
   """The rows, once every text and (when labelled) label is present and usable, with classification labels in one
-  form per value and regression targets as floats. Refused, naming the line: a missing, null or empty value; a
-  regression target that is not a finite number; for classification, what would silently make one class two: labels
-  of different kinds (1, "1", true) or one value spelt two ways ("1" and "1.0", "pos" and " pos"). JSON's 1 and 1.0
-  are one number, so 1.0 is read as 1. A column the file lacks altogether is left to _column, which lists those it
-  has."""
+  form per value (JSON's 1.0 is 1) and regression targets as floats; what is refused, naming the line, is listed in
+  docs/finetuning.md, "Task files". A column the file lacks altogether is left to _column, which lists those it has."""
   show = lambda v: json.dumps(v, ensure_ascii=False)
   fields = [f for f in (task.text_field, task.text_b_field) if f in columns]
   label = task.label_field if labelled and task.label_field in columns else None

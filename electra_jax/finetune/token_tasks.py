@@ -1,10 +1,7 @@
-"""Token classification (NER-style tagging): CoNLL-style data, each word's tag on its first piece, the masked loss,
-and conlleval's entity-level metrics. heads.Tagging plugs them into the fine-tuning loop (TokenClassifier's logits
-are [N, L, num_labels]); model selection maximises METRICS[0] unless told otherwise.
-
-The data: JSONL (.jsonl/.json: one object per line) or a CoNLL column file (any other name: `word<TAB or
-spaces>...tag` per line, the first column the word and the last its tag, a blank line between sentences, -DOCSTART-
-lines skipped). A tag's id is its index in tag_names ("O" first), as in HF's id2label."""
+"""Token classification (NER-style tagging): JSONL or CoNLL-style column files, each word's tag on its first piece,
+the masked loss, and conlleval's entity-level metrics (docs/token_tasks.md has the formats). heads.Tagging plugs them
+into the fine-tuning loop; model selection maximises METRICS[0] unless told otherwise. A tag's id is its index in
+tag_names ("O" first), as in HF's id2label."""
 import dataclasses
 
 import jax.numpy as jnp
