@@ -358,13 +358,52 @@ def test_attention_in_bfloat16_is_as_close_to_float32_as_softmax_attention():
   assert all(0 < n <= 1.1 * o for n, o in zip(new, old)), (new, old)
 
 
+class _FlaxDense(flax.linen.Dense):
+  """flax's nn.Dense; with add_bias=False, its biased output and a zero bias (the reference adds nothing more)."""
+
+  def __call__(self, x, add_bias=True):
+    y = super().__call__(x)
+    return y if add_bias else (y, 0.0)
+
+
+class _FlaxLayerNorm(flax.linen.LayerNorm):
+  """flax's nn.LayerNorm of x + h + h_bias, without dropout (keep is None in these deterministic passes)."""
+
+  def __call__(self, x, h=None, h_bias=None, keep=None, rate=0.0):
+    assert keep is None
+    return super().__call__(x if h is None else x + h + h_bias)
+
+
 def _flax_layers(monkeypatch):
   """The model with flax's own nn.Dense and nn.LayerNorm (same parameters) in place of modeling's Dense and
   LayerNorm: the reference their written-out matmuls and backward pass must equal."""
-  monkeypatch.setattr(modeling, "dense", lambda c, features, axes, name: flax.linen.Dense(
+  monkeypatch.setattr(modeling, "dense", lambda c, features, axes, name: _FlaxDense(
       features, dtype=c.compute_dtype, name=name))
-  monkeypatch.setattr(modeling, "_layer_norm", lambda c, axis, name="LayerNorm": flax.linen.LayerNorm(
+  monkeypatch.setattr(modeling, "_layer_norm", lambda c, axis, name="LayerNorm": _FlaxLayerNorm(
       epsilon=c.layer_norm_eps, dtype=c.compute_dtype, name=name))
+
+
+def test_layer_norm_of_a_residual_sum_with_dropout_is_autodiffs():
+  """modeling.layer_norm of x + dropout(h + h_bias), the post-LN layer's add & norm with its own backward pass: in
+  float32 the output and every input's gradient (the dropped positions' included) equal autodiff's of the plain
+  composition, flax's LayerNorm included, to rounding; without h it is flax's LayerNorm of x."""
+  rng = np.random.default_rng(0)
+  x, h = (jnp.asarray(rng.normal(size=(4, 8, 32)), jnp.float32) for _ in range(2))
+  scale, bias, h_bias = (jnp.asarray(rng.normal(size=32), jnp.float32) for _ in range(3))
+  keep = jnp.asarray(rng.random((4, 8, 32)) > 0.25)
+  cotangent = jnp.asarray(rng.normal(size=(4, 8, 32)), jnp.float32)
+  ln = flax.linen.LayerNorm(epsilon=1e-12)
+
+  def reference(x, scale, bias, h, h_bias):
+    s = x if h is None else x + modeling._kept(h + h_bias, keep, 0.25)
+    return ln.apply({"params": {"scale": scale, "bias": bias}}, s)
+
+  for args in ((x, scale, bias, h, h_bias), (x, scale, bias, None, None)):
+    ours, ours_grad = jax.vjp(lambda *a: modeling.layer_norm(*a, None if a[3] is None else keep, 1e-12, 0.25), *args)
+    theirs, theirs_grad = jax.vjp(reference, *args)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(ours_grad(cotangent)), jax.tree.leaves(theirs_grad(cotangent)), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(jnp.abs(b).max()))
 
 
 def test_dense_and_layer_norm_are_flaxs(monkeypatch):

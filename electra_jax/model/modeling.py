@@ -115,10 +115,12 @@ class Dense(nn.Module):
   bias_init: nn.initializers.Initializer
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, add_bias: bool = True):
+    """x · kernel + bias; with add_bias=False, x · kernel and the bias apart (for `layer_norm` to add)."""
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
-    return matmul(x, kernel, self.dtype) + bias.astype(self.dtype)
+    y = matmul(x, kernel, self.dtype)
+    return y + bias.astype(self.dtype) if add_bias else (y, bias)
 
 
 def dense(config: ModelConfig, features: int, axes, name: str) -> Dense:
@@ -150,65 +152,84 @@ class Dropout(nn.Module):
     return _dropped(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"))
 
 
-def _moments(x: jax.Array):
-  """Mean and mean square over the last axis, in float32: one pass over x (one reduction kernel for both)."""
+def _normalized(x: jax.Array, eps: float):
+  """(x - mean) / √(var + eps) over the last axis in float32, and 1 / √(var + eps), var the mean of (x - mean)² as
+  HF's LayerNorm computes it: two passes, each a reduction whose result XLA:GPU can broadcast within one kernel."""
   x = x.astype(jnp.float32)
-  return x.mean(-1, keepdims=True), (x * x).mean(-1, keepdims=True)
+  centered = x - x.mean(-1, keepdims=True)
+  rstd = jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + eps)
+  return centered * rstd, rstd
 
 
-def _normalized(x, mean, mean_square, eps):
-  """(x - mean) / √(var + eps) in float32, var = E[x²] - E[x]² as nn.LayerNorm computes it."""
-  return (x.astype(jnp.float32) - mean) * jax.lax.rsqrt(jnp.maximum(mean_square - mean * mean, 0) + eps)
+def _sum(x, h, h_bias, keep, rate):
+  """x + dropout(h + h_bias) in float32 (x alone when h is None; no dropout when keep is None)."""
+  s = x.astype(jnp.float32)
+  if h is None:
+    return s
+  h = h.astype(jnp.float32) + h_bias
+  return s + (h if keep is None else _kept(h, keep, rate))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-  """nn.LayerNorm's function over the last axis (statistics in float32, the result in x's dtype), with a backward
-  pass written out: it keeps x and the two moments (not the inverse deviation, whose [..., 1] shape XLA:GPU cannot
-  produce with the normalised output and so launches on its own), and takes one row reduction for the input's
-  gradient and one column reduction for both parameters' where autodiff's takes several."""
-  return _layer_norm_fwd(x, scale, bias, eps)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def layer_norm(x, scale, bias, h, h_bias, keep, eps: float, rate: float):
+  """nn.LayerNorm's function over the last axis of x + dropout(h + h_bias) (a post-LN layer's add & norm; x alone
+  when h is None), statistics in float32, the result in x's dtype, with a backward pass written out.
+
+  Both passes keep only their inputs and recompute the sum and its statistics, so that XLA:GPU makes the forward
+  pass one kernel (a sum or statistics kept for the backward pass are kernels of their own). The backward pass takes
+  one row-wise kernel for the inputs' gradients and one column reduction for the three parameters' (scale, bias and
+  h_bias: the preceding dense layer's bias) where autodiff takes one each."""
+  return _layer_norm_fwd(x, scale, bias, h, h_bias, keep, eps, rate)[0]
 
 
-def _layer_norm_fwd(x, scale, bias, eps):
-  mean, mean_square = _moments(x)
-  return (_normalized(x, mean, mean_square, eps) * scale + bias).astype(x.dtype), (x, mean, mean_square, scale)
+def _layer_norm_fwd(x, scale, bias, h, h_bias, keep, eps, rate):
+  x_hat, _ = _normalized(_sum(x, h, h_bias, keep, rate), eps)
+  # The barrier keeps XLA (which may skip a round trip through a narrower dtype) from handing the next layer the
+  # float32 result beside the rounded one: a second output, so a second kernel.
+  return jax.lax.optimization_barrier((x_hat * scale + bias).astype(x.dtype)), (x, scale, h, h_bias, keep)
 
 
-def _layer_norm_bwd(eps, residuals, grad):
-  x, mean, mean_square, scale = residuals
-  x_hat = _normalized(x, mean, mean_square, eps)
+def _layer_norm_bwd(eps, rate, residuals, grad):
+  x, scale, h, h_bias, keep = residuals
+  # The barrier keeps XLA from sharing the recomputed sum and statistics with the forward pass's (CSE), which would
+  # make them outputs of its kernel.
+  x, h, keep = jax.lax.optimization_barrier((x, h, keep))
+  x_hat, rstd = _normalized(_sum(x, h, h_bias, keep, rate), eps)
   grad = grad.astype(jnp.float32)
   g = grad * scale
   # d/dx of (x - mean) · rstd: g's part minus its mean and its projection on x_hat, times rstd.
-  rstd = jax.lax.rsqrt(jnp.maximum(mean_square - mean * mean, 0) + eps)
   dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
+  dx = jax.lax.optimization_barrier(dx.astype(x.dtype))  # rounded once, for both its uses (as in the forward pass)
+  dh = None if h is None else (dx if keep is None else _kept(dx, keep, rate)).astype(h.dtype)
+  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh.astype(jnp.float32))
   axes = tuple(range(x.ndim - 1))
-  # Both parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
-  # sums separately; XLA:CPU runs it several times slower than the two sums within a step, so the CPU sums.
-  dscale, dbias = jax.lax.platform_dependent(
-      grad * x_hat, grad, cpu=lambda a, b: (a.sum(axes), b.sum(axes)),
-      default=lambda a, b: jax.lax.reduce((a, b), (jnp.float32(0), jnp.float32(0)),
-                                          lambda u, v: (u[0] + v[0], u[1] + v[1]), axes))
-  return dx.astype(x.dtype), dscale, dbias
+  # The parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
+  # sums separately; XLA:CPU runs it several times slower than separate sums within a step, so the CPU sums.
+  grads = jax.lax.platform_dependent(
+      *sums, cpu=lambda *a: tuple(t.sum(axes) for t in a),
+      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
+                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
+  dscale, dbias, dh_bias = (*grads, None) if h is None else grads
+  return dx, dscale, dbias, dh, dh_bias, None
 
 
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nn.Module):
-  """nn.LayerNorm's parameters (scale, bias: float32) and function in `layer_norm`, the result in `dtype`."""
+  """nn.LayerNorm's parameters (scale, bias: float32) and function in `layer_norm`, the result in `dtype`: of x, or
+  of a post-LN layer's x + dropout(h + h_bias) where `keep` is the dropout's keep-mask (None: no dropout)."""
   epsilon: float
   dtype: jnp.dtype
   axis_name: str
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, h=None, h_bias=None, keep=None, rate: float = 0.0):
     scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                        (x.shape[-1],), jnp.float32)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axis_name,)),
                       (x.shape[-1],), jnp.float32)
-    return layer_norm(x.astype(self.dtype), scale, bias, self.epsilon)
+    return layer_norm(x.astype(self.dtype), scale, bias, h, h_bias, keep, self.epsilon, rate)
 
 
 def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") -> LayerNorm:
@@ -355,7 +376,7 @@ class SelfAttention(nn.Module):
       rng = None if deterministic or c.attention_dropout_rate == 0.0 else self.make_rng("dropout")
       ctx = attention(q, k, v, mask, c.attention_dropout_rate, rng)
     ctx = ctx.reshape(x.shape[:2] + (e.hidden_size,))
-    return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx)
+    return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx, add_bias=False)
 
 
 class EncoderLayer(nn.Module):
@@ -368,13 +389,12 @@ class EncoderLayer(nn.Module):
     """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once: on a GPU
     each draw also launches kernels for its key and counters."""
     c, e = self.config, self.encoder
-    keep = None if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate)
-    drop = lambda h, i: h if keep is None else _kept(h, keep[i], c.dropout_rate)
-    h = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
-    x = _layer_norm(c, "hidden", "attention_LayerNorm")(x + drop(h, 0))
+    keep = [None] * 2 if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate)
+    h, bias = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
+    x = _layer_norm(c, "hidden", "attention_LayerNorm")(x, h, bias, keep[0], c.dropout_rate)
     h = nn.gelu(dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
-    h = dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h)
-    x = _layer_norm(c, "hidden", "output_LayerNorm")(x + drop(h, 1))
+    h, bias = dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h, add_bias=False)
+    x = _layer_norm(c, "hidden", "output_LayerNorm")(x, h, bias, keep[1], c.dropout_rate)
     return nn.with_logical_constraint(x, ("batch", "length", "act_hidden"))
 
 
