@@ -65,14 +65,15 @@ def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Call
 
   grad_norm = optim.global_norm(grads, opt.flat)
   ok = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-  new_params = optax.apply_updates(params, opt.tx.update(grads, opt_state, params)[0])
+  updates, new_opt_state = opt.tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
   if stages is not None:
     new_params = {name: _where(stage2 == stages.first(name), params[name], p) for name, p in new_params.items()}
   new_params = _where(ok, new_params, params)
-  # The optimiser runs twice (XLA computes what the two share once): the weights' update reads the old moments,
-  # which the new state overwrites in place; the barrier orders the two, where XLA's schedule may copy the moments.
-  new_params, opt_state = jax.lax.optimization_barrier((new_params, opt_state))
-  new_opt_state = opt.tx.update(grads, opt_state, params)[1]
+  if opt.flat:  # the weights read the old flat moments, which the new state overwrites in place: the barrier orders
+    # the two, where XLA's schedule may copy the moments (per array, each array's update is one kernel as it is)
+    new_params, opt_state = jax.lax.optimization_barrier((new_params, opt_state))
+    new_opt_state = opt.tx.update(grads, opt_state, params)[1]  # what it shares with the first, computed once
   new = TrainState(step=state.step + 1, params=new_params, opt_state=_where(ok, new_opt_state, opt_state))
   return new, metrics | dict(loss=value, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
 
