@@ -363,7 +363,7 @@ class _FlaxDense(flax.linen.Dense):
 
   def __call__(self, x, add_bias=True):
     y = super().__call__(x)
-    return y if add_bias else (y, 0.0)
+    return y if add_bias else (y, jnp.zeros(self.features))
 
 
 class _FlaxLayerNorm(flax.linen.LayerNorm):

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 SHARING_MODES = ("shared", "untied", "all", "gdes")
 ATTENTION_IMPLS = ("einsum", "fused")
@@ -120,7 +121,9 @@ class Dense(nn.Module):
     kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
     y = matmul(x, kernel, self.dtype)
-    return y + bias.astype(self.dtype) if add_bias else (y, bias)
+    # The bias added in float32 and the sum rounded once: a rounded copy of the bias, which the forward and backward
+    # passes would share, is a kernel of its own on a GPU.
+    return (y + bias).astype(self.dtype) if add_bias else (y, bias)
 
 
 def dense(config: ModelConfig, features: int, axes, name: str) -> Dense:
@@ -159,6 +162,34 @@ def _normalized(x: jax.Array, eps: float):
   centered = x - x.mean(-1, keepdims=True)
   rstd = jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + eps)
   return centered * rstd, rstd
+
+
+def _column_sums(*arrays: jax.Array) -> tuple:
+  """Each array's sum over all axes but the last, in float32, as one (variadic) reduction: XLA:GPU launches it once
+  where it launches separate sums separately. XLA:CPU runs it several times slower than separate sums within a step,
+  so the CPU sums each."""
+  arrays = tuple(a.astype(jnp.float32) for a in arrays)
+  axes = tuple(range(arrays[0].ndim - 1))
+  return jax.lax.platform_dependent(
+      *arrays, cpu=lambda *a: tuple(t.sum(axes) for t in a),
+      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
+                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
+
+
+@jax.custom_vjp
+def add_biases(ys: tuple, biases: tuple) -> tuple:
+  """Each y + its bias in float32, rounded to y's dtype, with the biases' gradients summed as one array (the
+  gradients side by side: XLA:GPU launches a reduction's kernels once for all of them where autodiff sums each)."""
+  return tuple((y + b).astype(y.dtype) for y, b in zip(ys, biases))
+
+
+def _add_biases_bwd(_, grads):
+  side_by_side = jnp.concatenate(grads, -1)
+  sums = side_by_side.sum(tuple(range(side_by_side.ndim - 1)), dtype=jnp.float32)
+  return grads, tuple(jnp.split(sums, np.cumsum([g.shape[-1] for g in grads[:-1]])))
+
+
+add_biases.defvjp(lambda ys, biases: (add_biases(ys, biases), None), _add_biases_bwd)
 
 
 def _sum(x, h, h_bias, keep, rate):
@@ -201,15 +232,8 @@ def _layer_norm_bwd(eps, rate, residuals, grad):
   dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
   dx = jax.lax.optimization_barrier(dx.astype(x.dtype))  # rounded once, for both its uses (as in the forward pass)
   dh = None if h is None else (dx if keep is None else _kept(dx, keep, rate)).astype(h.dtype)
-  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh.astype(jnp.float32))
-  axes = tuple(range(x.ndim - 1))
-  # The parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
-  # sums separately; XLA:CPU runs it several times slower than separate sums within a step, so the CPU sums.
-  grads = jax.lax.platform_dependent(
-      *sums, cpu=lambda *a: tuple(t.sum(axes) for t in a),
-      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
-                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
-  dscale, dbias, dh_bias = (*grads, None) if h is None else grads
+  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh)
+  dscale, dbias, dh_bias = (*_column_sums(*sums), None) if h is None else _column_sums(*sums)
   return dx, dscale, dbias, dh, dh_bias, None
 
 
@@ -364,9 +388,8 @@ class SelfAttention(nn.Module):
     c, e = self.config, self.encoder
     head_dim = e.hidden_size // e.num_heads
     split = lambda t: t.reshape(t.shape[:2] + (e.num_heads, head_dim))
-    q = split(dense(c, e.hidden_size, ("hidden", "qkv"), "query")(x))
-    k = split(dense(c, e.hidden_size, ("hidden", "qkv"), "key")(x))
-    v = split(dense(c, e.hidden_size, ("hidden", "qkv"), "value")(x))
+    projected = [dense(c, e.hidden_size, ("hidden", "qkv"), name)(x, add_bias=False) for name in ("query", "key", "value")]
+    q, k, v = map(split, add_biases(*zip(*projected)))
     # from_config rejects fused + attention dropout, but fine-tuning replaces the rate afterwards (from a fused
     # pre-training config): its dropout steps take the einsum path, which uses the very same parameters.
     if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
