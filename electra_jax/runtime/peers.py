@@ -21,20 +21,6 @@ PERIOD_S = 1.0
 STARTUP_GRACE = 3
 PREFIX = "electra_jax/heartbeat/"
 DONE = "done"
-# How long a CPU collective's local device threads wait for its cross-process part before XLA aborts the process.
-CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
-
-
-def runtime_settings(timeout_s: float) -> dict:
-  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond the watcher's longest wait, the
-  collectives' in XLA_FLAGS; returns jax.distributed.initialize's keyword arguments. Nothing where `timeout_s` is 0."""
-  if timeout_s <= 0:
-    return {}
-  seconds = int((STARTUP_GRACE + 1) * timeout_s + 60)
-  if jax.__version_info__ >= (0, 8):  # older jaxlibs hold it at 40 s and reject the flag
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{CPU_COLLECTIVE_FLAG}=")]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--{CPU_COLLECTIVE_FLAG}={seconds}"])
-  return dict(heartbeat_timeout_seconds=seconds)
 
 
 class Watchdog:

@@ -6,6 +6,9 @@ import jax
 
 from electra_jax.runtime import peers, storage
 
+# How long a CPU collective's local device threads wait for its cross-process part before XLA aborts the process.
+CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
+
 
 def use_compilation_cache():
   """Keeps compiled steps on disk, so a restarted run (after a preemption, a resume, a second phase) loads them
@@ -16,6 +19,18 @@ def use_compilation_cache():
     jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
 
 
+def lost_peer_settings(timeout_s: float) -> dict:
+  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond peers.Watchdog's longest wait, the
+  collectives' in XLA_FLAGS; returns jax.distributed.initialize's keyword arguments. Nothing where `timeout_s` is 0."""
+  if timeout_s <= 0:
+    return {}
+  seconds = int((peers.STARTUP_GRACE + 1) * timeout_s + 60)
+  if jax.__version_info__ >= (0, 8):  # older jaxlibs hold it at 40 s and reject the flag
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{CPU_COLLECTIVE_FLAG}=")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--{CPU_COLLECTIVE_FLAG}={seconds}"])
+  return dict(heartbeat_timeout_seconds=seconds)
+
+
 def initialize(peer_timeout_s: float = 0):
   """Sets up storage, the compilation cache, joins the other processes of a multi-host run (from launch/gpu.sh's
   variables, or a TPU pod's) with JAX's own timeouts beyond the watchdog's `peer_timeout_s`, and picks the random-bit
@@ -24,9 +39,9 @@ def initialize(peer_timeout_s: float = 0):
   use_compilation_cache()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
-                               int(os.environ["JAX_PROCESS_ID"]), **peers.runtime_settings(peer_timeout_s))
+                               int(os.environ["JAX_PROCESS_ID"]), **lost_peer_settings(peer_timeout_s))
   elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
-    jax.distributed.initialize(**peers.runtime_settings(peer_timeout_s))
+    jax.distributed.initialize(**lost_peer_settings(peer_timeout_s))
   # Partitionable threefry lets accelerator meshes draw sharded random arrays shard-locally; on CPU it costs twice
   # the time per number, and dropout's random numbers are a large share of a CPU step. Values stay independent of
   # the mesh either way (a CPU run's dropout stream differs from an accelerator's, which resume does not need).
