@@ -59,6 +59,12 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   if not (ft.init_from or ft.tokenizer):
     raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
   init = sources.resolve(ft.init_from) if ft.init_from else None
+  # What the run reads, which its workdir (replaced with overwrite) must keep apart from.
+  task = ft.task
+  reads = [*(init.inputs if init else ()), *([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else []),
+           *((task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]),
+           *([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])]
+  storage.refuse_overlap(workdir, reads, "--workdir")
   workdir_lib.check_writable(workdir)
   saved = workdir_lib.saved_config(workdir, ft_config.base_config)
   changes = config_lib.changes(saved, ft) if saved else None
@@ -67,12 +73,6 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   config_lib.check_counts(ft.train, "batch_size", "eval_batch_size")
   if other and not ft.overwrite:
     raise FileExistsError(f"workdir {workdir} {other}; pass --config.overwrite=true to replace it")
-  # What the run reads, which its workdir (replaced with overwrite) must keep apart from.
-  task = ft.task
-  reads = [*(init.inputs if init else ()), *([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else []),
-           *((task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]),
-           *([(task.tfds_data_dir, "task.tfds_data_dir")] if task.tfds_name and task.tfds_data_dir else [])]
-  storage.refuse_overlap(workdir, reads, "--workdir")
   return Plan(ft, storage.absolute(workdir), init, ft.tokenizer or (init.tokenizer if init else ""), bool(other),
               None if other else checkpoints.latest_step(workdir))
 
