@@ -35,10 +35,10 @@ def _start(config, workdir: str):
   exp = experiment.create(plan.config, plan.data.special_ids, word_starts=plan.data.word_starts)
   ckpt = checkpoints.Checkpointer(workdir, plan.config, plan.data.tokenizer_path, read_only=True)
   try:
-    state, position, _ = pretrain_loop.restore_or_init(exp, ckpt, plan.start)
+    state, saved, _ = pretrain_loop.restore_or_init(exp, ckpt, plan.start)
   finally:
     ckpt.close()
-  return jax.device_get(state), position
+  return jax.device_get(state), saved and saved["position"]
 
 
 def _checkpoint(config, workdir: str, step: int):

@@ -48,20 +48,17 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
   `checked()` runs once the input's first batch was read: the last check before anything is written."""
   train_config = exp.config.train
   ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
-  state, position, rng = restore_or_init(exp, ckpt, start)
+  state, saved, rng = restore_or_init(exp, ckpt, start)
   if int(state.step) % exp.steps_per_dispatch:
     raise ValueError(f"the run starts from step {int(state.step)}, not a multiple of train.steps_per_dispatch="
                      f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
                      f"{int(state.step)}")
-  train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(exp.config, prepared, state=position),
-                                       exp.step_batch, steps=exp.steps_per_dispatch,
-                                       stable=train_config.stable_batch_buffers)
+  body = PreTraining(exp, prepared, int(state.step), saved)
   checked()  # Every check passed: only now is anything written.
   writer = metrics_lib.Writer(workdir, int(state.step))
-  body = PreTraining(exp, prepared, train_iter, int(state.step))
   state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
                           log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
-                          writer=writer, clock=clock, closers=(train_iter.close,),
+                          writer=writer, clock=clock, closers=(body.train_iter.close,),
                           profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s,
                           max_bad_steps=train_config.max_bad_steps, spike_factor=train_config.spike_factor,
                           stop_on_spike=train_config.stop_on_spike, steps_per_dispatch=exp.steps_per_dispatch)
@@ -71,16 +68,22 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
 class PreTraining:
   """What pre-training brings to loop.run: the input pipeline's batches (placed on the devices ahead), a metrics.jsonl
   row (throughput included, held-out evaluation at eval steps) at each log step, and the input position in each
-  checkpoint."""
+  checkpoint (`extra`), from which it resumes (`saved`: the extra of the checkpoint at `start`; None: a fresh
+  start)."""
 
-  def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData,
-               train_iter: input_pipeline.OnDevice, start: int):
-    self.exp, self.prepared, self.train_iter = exp, prepared, train_iter
-    self.tokens_per_step = exp.config.train.batch_size * exp.config.data.seq_len
+  def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData, start: int,
+               saved: dict | None = None):
+    self.exp, self.prepared = exp, prepared
+    train = exp.config.train
+    self.tokens_per_step = train.batch_size * exp.config.data.seq_len
+    self.learning_rate = host_function(exp.schedule)
+    position = None if saved is None else input_pipeline.resume_position(saved, train.batch_size, start)
+    self.train_iter = input_pipeline.OnDevice(input_pipeline.train_iterator(exp.config, prepared, state=position),
+                                              exp.step_batch, steps=exp.steps_per_dispatch,
+                                              stable=train.stable_batch_buffers)
     self.t0 = self.last_time = time.time()
     self.last_step = start
     self.held_out = None  # the validation split's reader, from the first evaluation on
-    self.learning_rate = host_function(exp.schedule)
     # The evaluation step, and the checks of each save (checkpoints.compile_checks), compiled now beside the first
     # train step rather than at the first evaluation and save.
     pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
@@ -140,9 +143,9 @@ def host_function(fn: Callable) -> Callable[[int], float]:
 
 
 def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
-  """(state, input position, rng) the run starts from, as `start` says: the workdir's latest checkpoint on the current
-  mesh, or fresh from train.seed with its init weights when set, and with their optimiser state and step too under
-  with_state (a second phase on other data: the input position starts afresh)."""
+  """(state, what the checkpoint carries besides it or None, rng) the run starts from, as `start` says: the workdir's
+  latest checkpoint on the current mesh, or fresh from train.seed with its init weights when set, and with their
+  optimiser state and step too under with_state (a second phase on other data: the input position starts afresh)."""
   seed = exp.config.train.seed
   rng = jax.random.fold_in(jax.random.key(seed), 1)
   if start.resume_step is None:
@@ -156,7 +159,5 @@ def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, 
       raise
     raise ValueError(f"{e.where} has a {vocab}-token vocabulary but this run's tokenizer and model have {ours} "
                      "(data.vocab_size): resume with the tokenizer it was trained with") from e
-  step = int(restored.state.step)
-  logging.info("Resumed from step %d onto a %s mesh", step, dict(exp.sharded.mesh.shape))
-  position = input_pipeline.resume_position(restored.extra, exp.config.train.batch_size, step)
-  return restored.state, position, rng if restored.rng is None else restored.rng
+  logging.info("Resumed from step %d onto a %s mesh", int(restored.state.step), dict(exp.sharded.mesh.shape))
+  return restored.state, restored.extra, rng if restored.rng is None else restored.rng
