@@ -120,7 +120,6 @@ def _assert_hf_parity(workdir, c, names):
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from electra_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  from electra_jax.hf import tokenizer as hf_tokenizer  # pylint: disable=g-import-not-at-top
   model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
       str(workdir / "best"), output_loading_info=True)
   assert type(model).__name__ == "ElectraForSequenceClassification"
@@ -129,7 +128,7 @@ def _assert_hf_parity(workdir, c, names):
   if names is not None:
     assert model.config.id2label == dict(enumerate(names)) and model.config.label2id == {n: i for i, n in
                                                                                         enumerate(names)}
-  tok = tokenizer_lib.Tokenizer(hf_tokenizer.tokenizer_file(str(workdir / "best")))
+  tok = tokenizer_lib.Tokenizer(sources.hf_tokenizer_file(str(workdir / "best")))
   ex = tasks.make_examples(c.task, tok, c.seq_len)[1]
   rows = [json.loads(l) for l in (workdir / "predictions_eval.jsonl").read_text().splitlines()]
   assert [r["index"] for r in rows] == list(range(len(ex.labels)))

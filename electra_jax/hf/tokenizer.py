@@ -1,5 +1,5 @@
 """Our tokenizer as HF sees it: tokenizer.json (same ids and token types as our pipeline) and tokenizer_config.json for
-AutoTokenizer, and the way back to our own tokenizer file inside an HF directory."""
+AutoTokenizer, beside our own tokenizer file (SPM_FILE or VOCAB_FILE: sources.py finds it there)."""
 import json
 import os
 
@@ -57,11 +57,3 @@ def save_tokenizer(path: str, out_dir: str, model_max_length: int):
   with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
     json.dump(config, f, indent=2)
   storage.copy_file(path, os.path.join(out_dir, VOCAB_FILE if path.endswith(".txt") else SPM_FILE))
-
-
-def tokenizer_file(directory: str) -> str:
-  """Our tokenizer in an HF directory: an exported sentencepiece.model, else a WordPiece vocab.txt."""
-  for name in (SPM_FILE, VOCAB_FILE):
-    if (epath.Path(directory) / name).exists():
-      return os.fspath(epath.Path(directory) / name)
-  raise FileNotFoundError(f"{directory} has neither {SPM_FILE} nor {VOCAB_FILE}: no tokenizer electra_jax can read")

@@ -34,6 +34,15 @@ def kind(source: str) -> str:
                           "(no config.json)")
 
 
+def hf_tokenizer_file(directory: str) -> str:
+  """Our tokenizer in an HF directory: an exported sentencepiece.model, else a WordPiece vocab.txt."""
+  for name in (hf_tokenizer.SPM_FILE, hf_tokenizer.VOCAB_FILE):
+    if (epath.Path(directory) / name).exists():
+      return os.fspath(epath.Path(directory) / name)
+  raise FileNotFoundError(f"{directory} has neither {hf_tokenizer.SPM_FILE} nor {hf_tokenizer.VOCAB_FILE}: no "
+                          "tokenizer electra_jax can read")
+
+
 def tokenizer(source: str) -> str:
   """The tokenizer file `source`'s weights were trained with."""
   return resolve(source).tokenizer
@@ -58,9 +67,11 @@ def resolve(path: str, generator: str = "") -> Source:
   what = kind(path)
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
-  config = None if what == "hf" else workdir_lib.load_config(path)
-  # An HF directory's sentencepiece.model or vocab.txt; the one config.json names.
-  tokenizer_file = hf_tokenizer.tokenizer_file(path) if what == "hf" else prepared.tokenizer_path(config)
+  if what == "hf":
+    config, tokenizer_file = None, hf_tokenizer_file(path)
+  else:  # the tokenizer its config.json names
+    config = workdir_lib.load_config(path)
+    tokenizer_file = prepared.tokenizer_path(config)
   path, tokenizer_file = storage.absolute(path), storage.absolute(tokenizer_file)
   if what == "hf":
     inputs = [(path, "the HF directory to load")]
