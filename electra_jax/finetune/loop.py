@@ -48,12 +48,9 @@ def train(plan: plan_lib.Plan) -> dict | None:
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
                  len(setup.train.examples.labels), setup.train.size, setup.head.num_labels)
-    _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, desc="fine-tuning", num_steps=setup.num_steps,
-                              log_every=ft.train.log_every, eval_every=setup.eval_every, ckpt=ckpt, lock=lock,
-                              writer=writer, clock=clock, closers=(), done=tuning.converged,
-                              profile_steps=ft.train.profile_steps, peer_timeout_s=ft.train.peer_timeout_s,
-                              max_bad_steps=ft.train.max_bad_steps, spike_factor=ft.train.spike_factor,
-                              stop_on_spike=ft.train.stop_on_spike)
+    settings = loop_lib.Settings.of(ft.train, setup.num_steps, setup.eval_every)
+    _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, settings, desc="fine-tuning", ckpt=ckpt,
+                              lock=lock, writer=writer, clock=clock, closers=(), done=tuning.converged)
     if stopped:
       return None
     # The selected model's eval metrics and the run's facts.

@@ -46,7 +46,7 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
   """Pre-training's loop in `workdir` from `start` (restore_or_init): the input stream, metrics, evaluation and
   checkpoints around `step_fn` (exp.step; electra-bench --host_loop gives one that costs nothing, to time the rest).
   `checked()` runs once the input's first batch was read: the last check before anything is written."""
-  train_config = exp.config.train
+  train = exp.config.train
   ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
   state, saved, rng = restore_or_init(exp, ckpt, start)
   if int(state.step) % exp.steps_per_dispatch:
@@ -56,12 +56,9 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
   body = PreTraining(exp, prepared, int(state.step), saved)
   checked()  # Every check passed: only now is anything written.
   writer = metrics_lib.Writer(workdir, int(state.step))
-  state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, desc="pre-training", num_steps=train_config.num_steps,
-                          log_every=train_config.log_every, eval_every=train_config.eval_every, ckpt=ckpt, lock=lock,
-                          writer=writer, clock=clock, closers=(body.train_iter.close,),
-                          profile_steps=train_config.profile_steps, peer_timeout_s=train_config.peer_timeout_s,
-                          max_bad_steps=train_config.max_bad_steps, spike_factor=train_config.spike_factor,
-                          stop_on_spike=train_config.stop_on_spike, steps_per_dispatch=exp.steps_per_dispatch)
+  settings = loop_lib.Settings.of(train, train.num_steps, train.eval_every, exp.steps_per_dispatch)
+  state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, settings, desc="pre-training", ckpt=ckpt, lock=lock,
+                          writer=writer, clock=clock, closers=(body.train_iter.close,))
   return state
 
 

@@ -1,6 +1,7 @@
 """The training loop pre-training and fine-tuning share: progress bar, preemption, the NaN/Inf guard, checkpoints and
 closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its checkpoints carry."""
 import collections
+import dataclasses
 import gc
 import statistics
 import os
@@ -129,31 +130,49 @@ class Body(Protocol):
     """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
 
 
-def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, *, desc: str, num_steps: int,
-        log_every: int, eval_every: int, ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock,
-        writer: metrics_lib.Writer, clock: goodput.Clock, closers: Sequence[Callable[[], object]],
-        done: Callable[[], bool] = lambda: False, profile_steps: int = 0, peer_timeout_s: float = 0,
-        max_bad_steps: int = 1, spike_factor: float = 0.0, stop_on_spike: bool = False,
-        steps_per_dispatch: int = 1) -> tuple[TrainState, bool]:
-  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (k = `steps_per_dispatch` steps a call on
-  stacked batches) to `num_steps`: logs every `log_every` steps, evaluates every `eval_every`, both at the end; saves
-  at ckpt's interval, at the end and when SIGTERM/SIGINT stops the run; guards against non-finite steps and loss
-  spikes (Guard); ends early, saved, once `done()` says so. Times each phase on `clock`, profiles `profile_steps`
-  steps after the compiling one, watches the other processes (peers.py) and closes the bar, `closers`, the
-  checkpointer and the writer however it ends. Returns (state, whether a signal stopped it)."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What the loop reads of a run's config (train.*), read once where the run starts."""
+  num_steps: int
+  log_every: int
+  eval_every: int
+  profile_steps: int = 0
+  peer_timeout_s: float = 0
+  max_bad_steps: int = 1
+  spike_factor: float = 0.0
+  stop_on_spike: bool = False
+  steps_per_dispatch: int = 1
+
+  @classmethod
+  def of(cls, train, num_steps: int, eval_every: int, steps_per_dispatch: int = 1) -> "Settings":
+    """`train`'s cadences and guard limits, with the length and evaluation cadence the command decided."""
+    return cls(num_steps, train.log_every, eval_every, train.profile_steps, train.peer_timeout_s, train.max_bad_steps,
+               train.spike_factor, train.stop_on_spike, steps_per_dispatch)
+
+
+def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settings: Settings, *, desc: str,
+        ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock, writer: metrics_lib.Writer, clock: goodput.Clock,
+        closers: Sequence[Callable[[], object]], done: Callable[[], bool] = lambda: False) -> tuple[TrainState, bool]:
+  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (k = steps_per_dispatch steps a call on
+  stacked batches) to num_steps: logs every log_every steps, evaluates every eval_every, both at the end; saves at
+  ckpt's interval, at the end and when SIGTERM/SIGINT stops the run; guards against non-finite steps and loss spikes
+  (Guard); ends early, saved, once `done()` says so. Times each phase on `clock`, profiles profile_steps steps after
+  the compiling one, watches the other processes (peers.py) and closes the bar, `closers`, the checkpointer and the
+  writer however it ends. Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  s, num_steps = settings, settings.num_steps
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
              disable=jax.process_index() != 0)
-  guard = Guard(ckpt, max_bad_steps, spike_factor, stop_on_spike)
+  guard = Guard(ckpt, s.max_bad_steps, s.spike_factor, s.stop_on_spike)
   in_flight = InFlight(guard)
-  k = steps_per_dispatch
+  k = s.steps_per_dispatch
   first = int(state.step) + k  # the first dispatch's last step
-  profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, profile_steps)
-  logs = lambda step: step % log_every == 0 or step == num_steps
-  evals = lambda step: step % eval_every == 0 or step == num_steps
+  profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, s.profile_steps)
+  logs = lambda step: step % s.log_every == 0 or step == num_steps
+  evals = lambda step: step % s.eval_every == 0 or step == num_steps
 
   clock.started(resumed=ckpt.restored_step is not None)
-  watchdog = peers.Watchdog(peer_timeout_s, lock.record["command"], ckpt.newest_complete,
+  watchdog = peers.Watchdog(s.peer_timeout_s, lock.record["command"], ckpt.newest_complete,
                             on_lost=lambda: close_all((bar.close, lock.__exit__)))
   with watchdog, preemption.Watcher() as watcher:
     try:
