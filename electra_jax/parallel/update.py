@@ -69,12 +69,8 @@ def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Call
   new_params = optax.apply_updates(params, updates)
   if stages is not None:
     new_params = {name: _where(stage2 == stages.first(name), params[name], p) for name, p in new_params.items()}
-  new_params = _where(ok, new_params, params)
-  if opt.flat:  # the weights read the old flat moments, which the new state overwrites in place: the barrier orders
-    # the two, where XLA's schedule may copy the moments (per array, each array's update is one kernel as it is)
-    new_params, opt_state = jax.lax.optimization_barrier((new_params, opt_state))
-    new_opt_state = opt.tx.update(grads, opt_state, params)[1]  # what it shares with the first, computed once
-  new = TrainState(step=state.step + 1, params=new_params, opt_state=_where(ok, new_opt_state, opt_state))
+  new = TrainState(step=state.step + 1, params=_where(ok, new_params, params),
+                   opt_state=_where(ok, new_opt_state, opt_state))
   return new, metrics | dict(loss=value, grad_norm=grad_norm, skipped=(~ok).astype(jnp.float32))
 
 
