@@ -358,11 +358,13 @@ def test_attention_in_bfloat16_is_as_close_to_float32_as_softmax_attention():
   assert all(0 < n <= 1.1 * o for n, o in zip(new, old)), (new, old)
 
 
-class _FlaxDense(flax.linen.Dense):
-  """flax's nn.Dense; with add_bias=False, its biased output and a zero bias (the reference adds nothing more)."""
+class _FlaxDense(modeling.Dense):
+  """modeling.Dense's parameters through nn.Dense's function (all three in `dtype`, then a plain matmul and the
+  bias); with add_bias=False, its biased output and a zero bias (the reference adds nothing more)."""
 
   def __call__(self, x, add_bias=True):
-    y = super().__call__(x)
+    x, kernel, bias = flax.linen.dtypes.promote_dtype(x, *self.weights(x.shape[-1]), dtype=self.dtype)
+    y = x @ kernel + bias
     return y if add_bias else (y, jnp.zeros(self.features))
 
 
@@ -376,9 +378,9 @@ class _FlaxLayerNorm(flax.linen.LayerNorm):
 
 def _flax_layers(monkeypatch):
   """The model with flax's own nn.Dense and nn.LayerNorm (same parameters) in place of modeling's Dense and
-  LayerNorm: the reference their written-out matmuls and backward pass must equal."""
-  monkeypatch.setattr(modeling, "dense", lambda c, features, axes, name: _FlaxDense(
-      features, dtype=c.compute_dtype, name=name))
+  LayerNorm: the reference their written-out matmuls and backward pass must equal (Q, K and V's `projections`,
+  checked on its own below, stay)."""
+  monkeypatch.setattr(modeling, "Dense", _FlaxDense)
   monkeypatch.setattr(modeling, "_layer_norm", lambda c, axis, name="LayerNorm": _FlaxLayerNorm(
       epsilon=c.layer_norm_eps, dtype=c.compute_dtype, name=name))
 
@@ -404,6 +406,26 @@ def test_layer_norm_of_a_residual_sum_with_dropout_is_autodiffs():
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(ours_grad(cotangent)), jax.tree.leaves(theirs_grad(cotangent)), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(jnp.abs(b).max()))
+
+
+def test_projections_are_separate_dense_layers():
+  """modeling.projections (Q, K and V's kernels side by side, its own backward pass) equals three flax nn.Dense
+  layers in float32, outputs and the gradients of the input, every kernel and every bias."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(4, 8, 16)), jnp.float32)
+  kernels = tuple(jnp.asarray(rng.normal(size=(16, n)), jnp.float32) for n in (16, 16, 16))
+  biases = tuple(jnp.asarray(rng.normal(size=n), jnp.float32) for n in (16, 16, 16))
+  cotangents = tuple(jnp.asarray(rng.normal(size=(4, 8, n)), jnp.float32) for n in (16, 16, 16))
+
+  def separate(x, kernels, biases):
+    return tuple(flax.linen.Dense(k.shape[1]).apply({"params": {"kernel": k, "bias": b}}, x)
+                 for k, b in zip(kernels, biases))
+
+  ours, ours_vjp = jax.vjp(modeling.projections, x, kernels, biases)
+  theirs, theirs_vjp = jax.vjp(separate, x, kernels, biases)
+  for a, b in zip(jax.tree.leaves((ours, ours_vjp(cotangents))), jax.tree.leaves((theirs, theirs_vjp(cotangents))),
+                  strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
 
 
 def test_dense_and_layer_norm_are_flaxs(monkeypatch):

@@ -12,7 +12,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 SHARING_MODES = ("shared", "untied", "all", "gdes")
 ATTENTION_IMPLS = ("einsum", "fused")
@@ -116,10 +115,14 @@ class Dense(nn.Module):
   bias_init: nn.initializers.Initializer
 
   @nn.compact
+  def weights(self, in_features: int):
+    """The kernel [in_features, features] and the bias [features], float32."""
+    return (self.param("kernel", self.kernel_init, (in_features, self.features), jnp.float32),
+            self.param("bias", self.bias_init, (self.features,), jnp.float32))
+
   def __call__(self, x, add_bias: bool = True):
     """x · kernel + bias; with add_bias=False, x · kernel and the bias apart (for `layer_norm` to add)."""
-    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
-    bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
+    kernel, bias = self.weights(x.shape[-1])
     y = matmul(x, kernel, self.dtype)
     # The bias added in float32 and the sum rounded once: a rounded copy of the bias, which the forward and backward
     # passes would share, is a kernel of its own on a GPU.
@@ -176,20 +179,30 @@ def _column_sums(*arrays: jax.Array) -> tuple:
                                         lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
 
 
+def _project(x, kernels, biases):
+  joined = matmul(x, jnp.concatenate(kernels, 1), x.dtype) + jnp.concatenate(biases)
+  return tuple(y.astype(x.dtype) for y in jnp.split(joined, len(kernels), -1))
+
+
 @jax.custom_vjp
-def add_biases(ys: tuple, biases: tuple) -> tuple:
-  """Each y + its bias in float32, rounded to y's dtype, with the biases' gradients summed as one array (the
-  gradients side by side: XLA:GPU launches a reduction's kernels once for all of them where autodiff sums each)."""
-  return tuple((y + b).astype(y.dtype) for y, b in zip(ys, biases))
+def projections(x: jax.Array, kernels: tuple, biases: tuple) -> tuple:
+  """x · kernel + bias for each kernel and bias (Q, K and V's), added in float32 and rounded to x's dtype, as one
+  matmul of the kernels side by side, whose result XLA:GPU splits in one kernel (separate matmuls, which it merges
+  itself, it splits in one kernel each). The backward pass is separate layers' (its own joined kernel would be a
+  kernel of its own), except that it sums the biases' gradients side by side: 2 kernels where separate sums take 2
+  each."""
+  return _project(x, kernels, biases)
 
 
-def _add_biases_bwd(_, grads):
-  side_by_side = jnp.concatenate(grads, -1)
-  sums = side_by_side.sum(tuple(range(side_by_side.ndim - 1)), dtype=jnp.float32)
-  return grads, tuple(jnp.split(sums, np.cumsum([g.shape[-1] for g in grads[:-1]])))
+def _projections_bwd(residuals, grads):
+  x, kernels = residuals
+  dx, dkernels = jax.vjp(lambda x, ks: tuple(matmul(x, k, x.dtype) for k in ks), x, kernels)[1](grads)
+  joined = jnp.concatenate(grads, -1)
+  sums = joined.sum(tuple(range(joined.ndim - 1)), dtype=jnp.float32)
+  return dx, dkernels, tuple(jnp.split(sums, len(grads)))
 
 
-add_biases.defvjp(lambda ys, biases: (add_biases(ys, biases), None), _add_biases_bwd)
+projections.defvjp(lambda x, kernels, biases: (_project(x, kernels, biases), (x, kernels)), _projections_bwd)
 
 
 def _sum(x, h, h_bias, keep, rate):
@@ -388,8 +401,9 @@ class SelfAttention(nn.Module):
     c, e = self.config, self.encoder
     head_dim = e.hidden_size // e.num_heads
     split = lambda t: t.reshape(t.shape[:2] + (e.num_heads, head_dim))
-    projected = [dense(c, e.hidden_size, ("hidden", "qkv"), name)(x, add_bias=False) for name in ("query", "key", "value")]
-    q, k, v = map(split, add_biases(*zip(*projected)))
+    kernels, biases = zip(*(dense(c, e.hidden_size, ("hidden", "qkv"), name).weights(x.shape[-1])
+                            for name in ("query", "key", "value")))
+    q, k, v = map(split, projections(x.astype(c.compute_dtype), kernels, biases))
     # from_config rejects fused + attention dropout, but fine-tuning replaces the rate afterwards (from a fused
     # pre-training config): its dropout steps take the einsum path, which uses the very same parameters.
     if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
