@@ -440,7 +440,7 @@ def _read_where(where, config, path, tmp_path):
     (tmp_path / "source" / "config.json").write_text(config.to_json_best_effort())
     config.train.init_from = str(tmp_path / "source")
     config.data.data_dir = str(tmp_path / "run")
-    assert sources.tokenizer(config.train.init_from) == path
+    assert sources.resolve(config.train.init_from).tokenizer == path
     prepare.build(config)
   elif where == "finetune":
     ft = finetune.base_config()

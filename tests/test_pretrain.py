@@ -76,7 +76,7 @@ def test_pretrain_tiny_end_to_end(tiny_data, tmp_path, monkeypatch):
   assert saved["data"]["data_dir"] == config.data.data_dir
   monkeypatch.chdir(tmp_path)
   tokenizer = prepared.tokenizer_path(config)
-  assert sources.tokenizer(str(workdir)) == tokenizer and os.path.exists(tokenizer)
+  assert sources.resolve(str(workdir)).tokenizer == tokenizer and os.path.exists(tokenizer)
   assert sorted(os.listdir(workdir / "checkpoints"))[-1] == "60"
   # TensorBoard holds every figure of metrics.jsonl, at its step.
   (events,) = (workdir / "tensorboard").glob("events.*")

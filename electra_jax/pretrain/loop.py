@@ -65,8 +65,7 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
 class PreTraining:
   """What pre-training brings to loop.run: the input pipeline's batches (placed on the devices ahead), a metrics.jsonl
   row (throughput included, held-out evaluation at eval steps) at each log step, and the input position in each
-  checkpoint (`extra`), from which it resumes (`saved`: the extra of the checkpoint at `start`; None: a fresh
-  start)."""
+  checkpoint (`extra`), resumed from `saved` (the extra of the checkpoint at step `start`; None: a fresh start)."""
 
   def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData, start: int,
                saved: dict | None = None):

@@ -132,7 +132,7 @@ class Body(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """What the loop reads of a run's config (train.*), read once where the run starts."""
+  """The loop's cadences and guard limits, read once from train.* (`of`) where a command starts the loop."""
   num_steps: int
   log_every: int
   eval_every: int
@@ -145,7 +145,6 @@ class Settings:
 
   @classmethod
   def of(cls, train, num_steps: int, eval_every: int, steps_per_dispatch: int = 1) -> "Settings":
-    """`train`'s cadences and guard limits, with the length and evaluation cadence the command decided."""
     return cls(num_steps, train.log_every, eval_every, train.profile_steps, train.peer_timeout_s, train.max_bad_steps,
                train.spike_factor, train.stop_on_spike, steps_per_dispatch)
 

@@ -43,11 +43,6 @@ def hf_tokenizer_file(directory: str) -> str:
                           "tokenizer electra_jax can read")
 
 
-def tokenizer(source: str) -> str:
-  """The tokenizer file `source`'s weights were trained with."""
-  return resolve(source).tokenizer
-
-
 @dataclasses.dataclass(frozen=True)
 class Source:
   """A weights source as its files describe it: what a run's plan decides once and weights.py loads from."""
@@ -85,11 +80,10 @@ def resolve(path: str, generator: str = "") -> Source:
 def init_source(config: ml_collections.ConfigDict, resuming: bool = False
                 ) -> tuple[ml_collections.ConfigDict, Source | None]:
   """A pre-training config's train.init_from (with train.init_from_generator) as a Source, or None, and `config`
-  with data.tokenizer set to its tokenizer where it names none: continued pre-training keeps the vocabulary its
-  weights were trained with. electra-prepare and electra-pretrain both call this, so they agree on the tokenizer. A
-  resuming run's weights are its workdir's: init_from then only names the tokenizer, and is not read where
-  data.tokenizer names one. data.data_dir comes back absolute. One-line errors where init_from cannot start the run:
-  no optimiser state for train.init_from_state, another tokenizer than data.tokenizer."""
+  with data.tokenizer set to its tokenizer where it names none (and data.data_dir absolute): continued pre-training
+  keeps its weights' vocabulary, and electra-prepare and electra-pretrain both call this, so they agree on it. A
+  resuming run only takes the tokenizer from init_from, and none where data.tokenizer names one. One-line errors for
+  train.init_from_state without an optimiser state to continue, and for a tokenizer other than data.tokenizer."""
   train, data = config.train, config.data
   if train.init_from_state and not train.init_from and not resuming:
     raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "

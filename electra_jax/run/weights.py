@@ -57,11 +57,9 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
 def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: int, with_state: bool = False,
                 num_steps: int = 0) -> state.TrainState:
   """A fresh pre-training run's state on `sharded`'s mesh: initialised from `seed`, with the parameters of
-  train.init_from's `source` where there is one (restored onto this mesh: the source's own may not fit this host),
-  which must fit this config's. with_state (train.init_from_state): the whole TrainState of the pre-training workdir
-  `source` instead (its latest intact checkpoint: parameters, optimiser state and step), so that a second phase (e.g.
-  at a longer data.seq_len) goes on with the first's Adam moments and learning-rate schedule; a one-line error where
-  its step leaves no step to train up to `num_steps`. The plan checked the source's kind and tokenizer."""
+  train.init_from's `source` where there is one (restored onto this mesh), which must fit this config's. with_state
+  (train.init_from_state): the workdir `source`'s whole TrainState instead (its latest intact checkpoint), so that a
+  second phase goes on with the first's Adam moments and schedule, which must leave steps up to `num_steps`."""
   try:
     if not with_state:
       fresh = sharded.init(jax.random.key(seed))
