@@ -8,7 +8,6 @@ import json
 import statistics
 
 import jax
-
 import ml_collections
 from absl import logging
 from etils import epath
