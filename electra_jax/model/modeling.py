@@ -389,10 +389,11 @@ attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a padding mask; Q, K, V separate layers (slicing a fused QKV projection costs
-  copies in the backward pass; HF's layout keeps them apart). attention_impl "einsum" calls `attention`; "fused"
-  jax.nn.dot_product_attention (same parameters and math, no dropout) with the trailing padding as key lengths:
-  cuDNN flash attention on NVIDIA GPUs in 16-bit compute (`fused_kernel`), XLA's lowering elsewhere."""
+  """Multi-head self-attention with a padding mask; Q, K, V separate layers as HF lays them out, projected together by
+  `projections`. attention_impl "einsum" calls `attention`; "fused" jax.nn.dot_product_attention (same parameters
+  and math, no dropout) with the trailing padding as key lengths: cuDNN flash attention on NVIDIA GPUs in 16-bit
+  compute (`fused_kernel`), XLA's lowering elsewhere. Returns the output layer's product and its bias apart, for the
+  layer's add & norm (`layer_norm`) to add."""
   config: ModelConfig
   encoder: EncoderConfig
 
