@@ -167,18 +167,6 @@ def _normalized(x: jax.Array, eps: float):
   return centered * rstd, rstd
 
 
-def _column_sums(*arrays: jax.Array) -> tuple:
-  """Each array's sum over all axes but the last, in float32, as one (variadic) reduction: XLA:GPU launches it once
-  where it launches separate sums separately. XLA:CPU runs it several times slower than separate sums within a step,
-  so the CPU sums each."""
-  arrays = tuple(a.astype(jnp.float32) for a in arrays)
-  axes = tuple(range(arrays[0].ndim - 1))
-  return jax.lax.platform_dependent(
-      *arrays, cpu=lambda *a: tuple(t.sum(axes) for t in a),
-      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
-                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
-
-
 def _project(x, kernels, biases):
   joined = matmul(x, jnp.concatenate(kernels, 1), x.dtype) + jnp.concatenate(biases)
   return tuple(y.astype(x.dtype) for y in jnp.split(joined, len(kernels), -1))
@@ -188,9 +176,8 @@ def _project(x, kernels, biases):
 def projections(x: jax.Array, kernels: tuple, biases: tuple) -> tuple:
   """x · kernel + bias for each kernel and bias (Q, K and V's), added in float32 and rounded to x's dtype, as one
   matmul of the kernels side by side, whose result XLA:GPU splits in one kernel (separate matmuls, which it merges
-  itself, it splits in one kernel each). The backward pass is separate layers' (its own joined kernel would be a
-  kernel of its own), except that it sums the biases' gradients side by side: 2 kernels where separate sums take 2
-  each."""
+  itself, in one each). The backward pass is separate layers', the biases' gradients summed side by side in one
+  reduction (a joined kernel shared by both passes would be a kernel of its own)."""
   return _project(x, kernels, biases)
 
 
@@ -245,8 +232,15 @@ def _layer_norm_bwd(eps, rate, residuals, grad):
   dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
   dx = jax.lax.optimization_barrier(dx.astype(x.dtype))  # rounded once, for both its uses (as in the forward pass)
   dh = None if h is None else (dx if keep is None else _kept(dx, keep, rate)).astype(h.dtype)
-  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh)
-  dscale, dbias, dh_bias = (*_column_sums(*sums), None) if h is None else _column_sums(*sums)
+  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh.astype(jnp.float32))
+  axes = tuple(range(x.ndim - 1))
+  # The parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
+  # sums separately; XLA:CPU runs it several times slower than separate sums within a step, so the CPU sums.
+  sums = jax.lax.platform_dependent(
+      *sums, cpu=lambda *a: tuple(t.sum(axes) for t in a),
+      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
+                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
+  dscale, dbias, dh_bias = (*sums, None) if h is None else sums
   return dx, dscale, dbias, dh, dh_bias, None
 
 
