@@ -397,7 +397,7 @@ def test_layer_norm_of_a_residual_sum_with_dropout_is_autodiffs():
   ln = flax.linen.LayerNorm(epsilon=1e-12)
 
   def reference(x, scale, bias, h, h_bias):
-    s = x if h is None else x + modeling._kept(h + h_bias, keep, 0.25)
+    s = x if h is None else x + jnp.where(keep, (h + h_bias) / 0.75, 0)  # inverted dropout at rate 0.25
     return ln.apply({"params": {"scale": scale, "bias": bias}}, s)
 
   for args in ((x, scale, bias, h, h_bias), (x, scale, bias, None, None)):
