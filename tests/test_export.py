@@ -239,6 +239,7 @@ def test_pretraining_continues_from_an_export(tiny_data, tmp_path):
   assert not (tmp_path / "wider").exists()
 
 
+@pytest.mark.slow
 def test_pretraining_continues_from_a_workdir_of_another_mesh(tiny_data, tmp_path):
   """train.init_from restores a workdir's weights onto this run's mesh, and export and fine-tuning read them, whichever
   mesh they were trained on (here one of 3 data-parallel devices, which this host cannot build)."""

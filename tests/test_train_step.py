@@ -44,6 +44,7 @@ def _assert_close(run1, run2):
     np.testing.assert_allclose(metrics1[k], metrics2[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device(objective="electra"):
   """The flat update (train.flat_update, the default) on 1 device, on data=8 and on data=2 x fsdp=4, and the update
   per weight array on data=2 x fsdp=4: the same parameters and metrics."""
@@ -80,6 +81,7 @@ def test_batch_must_divide_over_devices():
 
 
 # two_stage switches at step 2 of 4 (step 0 has learning rate 0): each stage trains, accumulated.
+@pytest.mark.slow  # micro-batches in the quick tier: test_finetune_accumulation (the same update)
 @pytest.mark.parametrize("objective,generator_fraction,sharing", [("electra", 0.5, "shared"),
                                                                   ("two_stage", 1.0, "untied")])
 def test_accumulated_step_equals_whole_batch(objective, generator_fraction, sharing):
