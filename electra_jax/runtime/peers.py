@@ -43,13 +43,13 @@ class Watchdog:
         threading.Thread(target=target, name=name, daemon=True).start()
     return self
 
-  def __exit__(self, exc_type, *exc):
+  def __exit__(self, exc_type, *_):
     if not hasattr(self, "_client"):
       return
-    if _from_jax(exc[0]):
-      # A collective failed (gloo's "Connection reset by peer" when a peer died), maybe inside a checkpoint's save,
-      # which reports it as a failed save: if a peer is lost, the judge ends the process with its line; the error is
-      # this process's own once every other process has shown a heartbeat since (or finished).
+    if exc_type is not None:
+      # Maybe a peer's loss seen from here, in whatever error wraps it (gloo's "Connection reset by peer" when a peer
+      # died, a save whose collectives were cut off): if a peer is lost, the judge ends the process with its line; the
+      # error is this process's own once every other process has shown a heartbeat since (or finished).
       failed = time.monotonic()
       while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
              and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
@@ -96,15 +96,6 @@ class Watchdog:
     sys.stderr.write(f"{self.command}: error: {message}\n")
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access  (the main thread may never return from its collective)
-
-
-def _from_jax(error: BaseException | None) -> bool:
-  """Whether `error`, or an error it was raised from, is JAX's runtime's."""
-  while error is not None:
-    if isinstance(error, jax.errors.JaxRuntimeError):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
 
 
 def _key(process: int) -> str:
