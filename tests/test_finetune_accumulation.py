@@ -12,7 +12,6 @@ from electra_jax.finetune import experiment, heads, token_tasks
 from electra_jax.finetune import model as model_lib
 from electra_jax.model import modeling
 from electra_jax.parallel import optim, sharding
-from electra_jax.parallel import state as state_lib
 from electra_jax.parallel import update as update_lib
 
 
@@ -38,7 +37,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
   mesh = sharding.create_mesh(*mesh)
   sharding.check_batch(batch_size, mesh, k)
   optimizer = optim.build(experiment.recipe(train, 10, mc.discriminator.num_layers), mesh)
-  sharded = state_lib.create(lambda r: model.init(r, ids[:1], ids[:1])["params"], optimizer.tx, mesh)
+  sharded = sharding.create_state(lambda r: model.init(r, ids[:1], ids[:1])["params"], optimizer, mesh)
   step = sharded.jit_step(functools.partial(update_lib.step, update_lib.Update(optimizer, k), loss_fn=functools.partial(
       experiment.train_loss, model=model, loss=loss)))
   batch = jax.device_put({"input_ids": ids, "segment_ids": np.zeros_like(ids), "labels": labels}, sharded.batch)

@@ -22,7 +22,6 @@ from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.heads import Head, load_task, Split
 from electra_jax.model import modeling
 from electra_jax.parallel import aot, optim, sharding
-from electra_jax.parallel import state as state_lib
 from electra_jax.parallel import update as update_lib
 from electra_jax.run import sources
 
@@ -174,7 +173,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   optimizer = optim.build(resolved, mesh)
   model = head.model(mc)
   dummy = jnp.zeros((1, seq_len), jnp.int32)
-  sharded = state_lib.create(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer.tx, mesh)
+  sharded = sharding.create_state(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer, mesh)
   update = update_lib.Update(optimizer, ft.train.grad_accum_steps)
   step_fn = sharded.jit_step(functools.partial(update_lib.step, update, loss_fn=functools.partial(
       train_loss, model=model, loss=head.loss)))

@@ -20,9 +20,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec as P
-
-from electra_jax.parallel import sharding
 
 OPTIMIZERS = ("adamw", "official")
 
@@ -75,8 +72,8 @@ class FlatLayout:
   """Where each weight array goes in the flat update: an array the mesh splits over fsdp into its rows of one
   [fsdp, n] matrix, row k the shard device k holds (whichever dimension is split), laid out as the mesh splits it;
   every other array into one vector, whole on each device. Without a split (one device, mesh.fsdp 1) the vector alone,
-  as optax.flatten lays it out. Which arrays are split is read from the logical axis names of the parameters the first
-  init sees (state.create's); later inits and updates (plain arrays) take the same layout."""
+  as optax.flatten lays it out. Which arrays are split, the state's init sets (`split`, from the weights' shardings:
+  sharding.create_state) before the optimiser's init; later inits and updates (plain arrays) take the same layout."""
 
   def __init__(self, mesh: jax.sharding.Mesh | None = None):
     self.mesh = mesh if mesh is not None and mesh.shape["fsdp"] > 1 else None
@@ -89,11 +86,9 @@ class FlatLayout:
     boxed = any(map(is_box, jax.tree.leaves(tree, is_leaf=is_box)))
     if self.mesh is None:
       self.split = [None] * len(leaves)
-    elif boxed:
-      specs = jax.tree.leaves(sharding.tree_specs(tree, self.mesh)[0], is_leaf=lambda s: isinstance(s, P))
-      self.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
     elif self.split is None:
-      raise ValueError("the flat update's layout is read from boxed parameters: init before update")
+      raise ValueError("the flat update's layout is read from the weights' shardings: create the state before an "
+                       "init or update")
     whole = jnp.concatenate([jnp.ravel(x) for x, d in zip(leaves, self.split) if d is None] or [jnp.zeros([0])])
     rows = [self._rows(x, d) for x, d in zip(leaves, self.split) if d is not None]
     if not rows:

@@ -17,6 +17,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from electra_jax.parallel import optim
+from electra_jax.parallel.state import TrainState
 
 MESH_AXES = ("data", "fsdp")
 BATCH = ("data", "fsdp")
@@ -128,7 +130,7 @@ def activation_rules(mesh: jax.sharding.Mesh):
 
 @dataclasses.dataclass(frozen=True)
 class Sharded:
-  """A TrainState's shardings on one mesh, its jitted init (state.create), and the one jit of a step over it: the
+  """A TrainState's shardings on one mesh, its jitted init (create_state), and the one jit of a step over it: the
   same placement, donation and activation-sharding rules for pre-training and fine-tuning."""
   mesh: jax.sharding.Mesh
   state: Any  # NamedShardings, one per leaf of the TrainState
@@ -170,6 +172,23 @@ class Sharded:
   def abstract(self):
     """The state as ShapeDtypeStructs carrying its shardings: what a checkpoint is restored onto (this mesh)."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.shapes, self.state)
+
+
+def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optimizer, mesh: Mesh) -> Sharded:
+  """The TrainState of pre-training or fine-tuning on `mesh`. `init_params(rng)` returns parameters boxed with logical
+  axis names (a Flax module's init); every leaf of the state is placed per RULES, and the flat update's weights
+  (optimizer.flat) are laid out as the mesh splits them."""
+  def init_boxed(rng):
+    params = init_params(rng)
+    if optimizer.flat:
+      specs = jax.tree.leaves(tree_specs(params, mesh)[0], is_leaf=lambda s: isinstance(s, P))
+      optimizer.flat.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
+    return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.tx.init(params))
+
+  boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+  state_sharding = tree_shardings(boxed, mesh)
+  init = placed_init(lambda rng: nn.meta.unbox(init_boxed(rng)), state_sharding, host_for(mesh))
+  return Sharded(mesh, state_sharding, batch_sharding(mesh), replicated(mesh), init, nn.meta.unbox(boxed))
 
 
 def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:

@@ -5,7 +5,7 @@ finetune/.
   plan.py           what a run is, decided once at its entrance: the prepared data and tokenizer, resume or start
                     (from which weights: a sources.Source), what changed since the workdir's config.json
   experiment.py     what a config compiles: the model, the optimiser, the pure train_step and eval step, jitted over
-                    the mesh (state.py, sharding.py), and the held-out evaluation
+                    the mesh (sharding.py), and the held-out evaluation
   loop.py           the loop's own part: restore or init as the plan says (the input position included),
                     batches from the input pipeline, logging with throughput, evaluation (the shared loop is
                     electra_jax/run/loop.py)

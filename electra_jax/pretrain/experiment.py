@@ -1,5 +1,5 @@
 """What one pre-training config compiles: the model, the optimiser, the one pure train step (ELECTRA's loss under
-parallel/update.py's update) and the evaluation step, jitted over the mesh (state.py, sharding.py), and the
+parallel/update.py's update) and the evaluation step, jitted over the mesh (sharding.py), and the
 evaluation that sums on device. The config's sections become frozen dataclasses here, once (ObjectiveConfig,
 ModelConfig, optim.Recipe): the traced code reads those."""
 import dataclasses
@@ -15,7 +15,6 @@ import optax
 from electra_jax.data.special_ids import SpecialIds
 from electra_jax.model import flops, losses, masking, modeling, objectives, two_stage
 from electra_jax.parallel import aot, optim, sharding
-from electra_jax.parallel import state as state_lib
 from electra_jax.parallel import update as update_lib
 
 
@@ -75,8 +74,8 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
                              two_stage.trained_in_stage1) if objective.switch_step else None
   update = update_lib.Update(optimizer, train.grad_accum_steps, losses.SUMMED_METRICS, stages,
                              train.debug_nan_at_step)
-  sharded = state_lib.create(functools.partial(objectives.init_params, model, objective.name, seq_len),
-                             optimizer.tx, mesh)
+  sharded = sharding.create_state(functools.partial(objectives.init_params, model, objective.name, seq_len),
+                                  optimizer, mesh)
   words = None if word_starts is None else np.asarray(word_starts, bool)
   kw = dict(model=model, objective=objective, special=special, word_starts=words)
   step = functools.partial(update_lib.step, update, loss_fn=functools.partial(train_loss, **kw))
