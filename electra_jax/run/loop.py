@@ -54,10 +54,9 @@ class Guard:
         raise FloatingPointError(self._stopped(f"{spike} (train.stop_on_spike)", step, gave_it=step - 1))
       logging.warning("%s", spike)
 
-  def check_state(self, step: int, state: TrainState):
-    """Before `state` (that of step `step`) is saved: its values must be finite (an update of finite loss and
-    gradient can still overflow the weights)."""
-    bad = checkpoints.non_finite(state)
+  def check_state(self, step: int, bad: list[str]):
+    """Before the state of step `step` is saved: `bad`, its arrays that hold a NaN or Inf (checkpoints.non_finite),
+    must be none (an update of finite loss and gradient can still overflow the weights)."""
     if bad:
       raise FloatingPointError(self._stopped(
           f"the state after step {step} is not finite (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): an update at or "
@@ -197,7 +196,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
         finished = done()
         if save_now or finished:
           with clock.phase("checkpoint"):
-            guard.check_state(step, state)
+            guard.check_state(step, checkpoints.non_finite(state))
             lock.check()
             ckpt.save(step, state, body.extra(), force=True, rng=rng)
         if stop:
