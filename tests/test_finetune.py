@@ -105,7 +105,7 @@ def test_loaded_encoder_is_the_discriminator(workdir):
   path, config, params = workdir
   ft = finetune.base_config()
   ft.init_from = path
-  mc, enc = model_lib.load_source(ft, sources.resolve(path), "")
+  mc, enc = experiment.load_source(ft, sources.resolve(path), "")
   ids = np.array([[2, 50, 60, 70, 3, 80, 3, 0]], np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
   want = modeling.Electra(mc).apply({"params": params}, ids, seg, method=modeling.Electra.encode)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from electra_jax import finetune
-from electra_jax.finetune import model as model_lib
+from electra_jax.finetune import experiment
 from electra_jax.finetune import plan as plan_lib
 from electra_jax.model import modeling
 from tests import helpers
@@ -30,10 +30,10 @@ def test_random_init_keeps_the_architecture_and_tokenizer_but_not_the_weights(wo
   path, config = workdir
   c = _config(path)
   pre = plan_lib.resolve(c, str(tmp_path / "pre"))
-  pre_model, pre_encoder = model_lib.load_source(c, pre.init, pre.tokenizer)
+  pre_model, pre_encoder = experiment.load_source(c, pre.init, pre.tokenizer)
   c.random_init = True
   rnd = plan_lib.resolve(c, str(tmp_path / "rnd"))
-  rnd_model, rnd_encoder = model_lib.load_source(c, rnd.init, rnd.tokenizer)
+  rnd_model, rnd_encoder = experiment.load_source(c, rnd.init, rnd.tokenizer)
   assert rnd_encoder is None and pre_encoder is not None
   assert rnd.tokenizer == pre.tokenizer
   assert rnd_model == pre_model == modeling.ModelConfig.from_config(config)

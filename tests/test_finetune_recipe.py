@@ -11,7 +11,6 @@ import pytest
 from configs.finetune import classify
 from electra_jax import finetune
 from electra_jax.finetune import experiment, loop, protocol
-from electra_jax.finetune import model as model_lib
 from electra_jax.finetune import plan as plan_lib
 from electra_jax.model import modeling
 from electra_jax.run import checkpoints
@@ -95,7 +94,7 @@ def test_reinit_layers_keeps_the_pretrained_encoder_below_the_top(tiny_data, tmp
   state, _ = loop.restore_or_init(s, ckpt, plan)
   ckpt.close()
   encoder = jax.device_get(state.params["electra"])
-  pretrained = model_lib.load_source(c, plan.init, plan.tokenizer)[1]
+  pretrained = experiment.load_source(c, plan.init, plan.tokenizer)[1]
   fresh = jax.device_get(s.sharded.init(jax.random.key(c.train.seed)).params["electra"])
   same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
   assert same(encoder["embeddings"], pretrained["embeddings"])

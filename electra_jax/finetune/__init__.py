@@ -6,15 +6,15 @@ below; never pretrain/.
   tasks.py          task data, splits, encoding, metrics
   token_tasks.py    token classification (NER-style tagging): CoNLL-style data, first-piece tags, entity metrics
   qa.py             extractive QA: SQuAD JSON, doc-stride windows, answer spans, exact match and F1
-  model.py          the classifier, tagger and QA heads, and where their encoder comes from
+  model.py          the classifier, tagger and QA heads
   heads.py          each task type's part (Head): reading and encoding its splits, model head, loss, metrics,
                     predictions, best/'s class
   plan.py           what a run is, decided once at its entrance: the workdir's verdict, the weights it starts from
                     (a sources.Source) and the tokenizer
   protocol.py       the command's runs: one, or the paper's protocol (a run and a plan per seed and learning rate,
                     the rate chosen on dev)
-  experiment.py     what a config compiles: the splits, the model and optimiser (layer-wise LR decay), the pure
-                    train_step and its jit, the rows of each step
+  experiment.py     what a config compiles: the encoder's weights, the splits, the model and optimiser (layer-wise LR
+                    decay), the pure train_step and its jit, the rows of each step
   loop.py           the loop's own part: restore or init, evaluation, model selection, the results
   hf_heads.py       the best model as an HF ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}
                     directory

@@ -1,6 +1,6 @@
-"""What a fine-tuning config compiles, before anything is written: the task's splits and head (heads.py), the model and
-optimiser, the train step (the head's loss under parallel/update.py's update) and its jit (sharding.Sharded), and
-which training rows each step takes.
+"""What a fine-tuning config compiles, before anything is written: the encoder's weights (load_source), the task's
+splits and head (heads.py), the model and optimiser, the train step (the head's loss under parallel/update.py's
+update) and its jit (sharding.Sharded), and which training rows each step takes.
 
 The batch of step i is a pure function of (train.seed, i) (one seeded permutation per epoch) and the dropout rng is
 folded with the step, so a run resumed from a checkpoint ends as an uninterrupted one does.
@@ -15,15 +15,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from electra_jax import config as config_lib
 from electra_jax.data import input_pipeline
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import tasks
-from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.heads import Head, load_task, Split
+from electra_jax.hf import convert as hf_convert
 from electra_jax.model import modeling
 from electra_jax.parallel import aot, optim, sharding
 from electra_jax.parallel import update as update_lib
-from electra_jax.run import sources
+from electra_jax.run import sources, weights
 
 
 def train_loss(params, batch, rows, rng, *, model, loss):
@@ -70,6 +71,25 @@ def recipe(train: ml_collections.ConfigDict, num_steps: int, num_layers: int) ->
   are: build_steps resolves them)."""
   return optim.Recipe(**{k: train[k] for k in optim.Recipe.KEYS}, warmup_steps=train.warmup_fraction * num_steps,
                       total_steps=num_steps, layer_decay=train.layer_decay, num_layers=num_layers)
+
+
+def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer: str, with_params: bool = True):
+  """(the pre-training model's ModelConfig, its discriminator's encoder in the Classifier's layout as host arrays,
+  its effective embeddings with gdes folded in, or None) of a run's plan: init's (its architecture alone under
+  random_init or without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with
+  `tokenizer`'s vocabulary."""
+  if init is not None:
+    source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
+    config, params = source.config, source.params
+  else:
+    config, params = config_lib.base(), None
+    config.model.update(ft.model.to_dict())
+    config.data.update(vocab_size=tokenizer_lib.Tokenizer(tokenizer).vocab_size, tokenizer=tokenizer)
+  mc = modeling.ModelConfig.from_config(config)
+  if params is None:
+    return mc, None
+  d = hf_convert.network_params(mc, params, "discriminator")
+  return mc, jax.device_get({"embeddings": d["embeddings"], "discriminator": d["encoder"]})
 
 
 def encoder_config(ft: ml_collections.ConfigDict, src: modeling.ModelConfig) -> modeling.ModelConfig:
@@ -128,7 +148,7 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   """What `ft` builds (the data read and encoded, the model, its jitted step) from its plan's parts: the weights it
   starts from (`init`; None: random init of config.model's sizes), the tokenizer, and whether the run starts afresh
   (a resumed run reads init's architecture alone); nothing is written."""
-  src_mc, encoder = model_lib.load_source(ft, init, tokenizer_path, with_params=fresh)
+  src_mc, encoder = load_source(ft, init, tokenizer_path, with_params=fresh)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != src_mc.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "

@@ -1,17 +1,11 @@
 """The fine-tuned models, each MODELS[task.type](model_config, num_labels) called as model(input_ids, segment_ids,
 deterministic=...) for float32 logits: the discriminator's encoder ("electra") with a task head named as in HF
-transformers; and where the encoder weights come from."""
+transformers (experiment.load_source reads the encoder's weights)."""
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
-import ml_collections
 
-from electra_jax import config as config_lib
-from electra_jax.data import tokenizer as tokenizer_lib
-from electra_jax.hf import convert as hf_convert
 from electra_jax.model import modeling
-from electra_jax.run import sources, weights
 
 
 class ClassificationHead(nn.Module):
@@ -75,21 +69,3 @@ class QuestionAnswering(nn.Module):
 MODELS = {"classification": Classifier, "regression": Classifier, "token_classification": TokenClassifier,
           "qa": QuestionAnswering}
 
-
-def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer: str, with_params: bool = True):
-  """(the pre-training model's ModelConfig, its discriminator's encoder in the Classifier's layout as host arrays,
-  its effective embeddings with gdes folded in, or None) of a run's plan: init's (its architecture alone under
-  random_init or without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with
-  `tokenizer`'s vocabulary."""
-  if init is not None:
-    source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
-    config, params = source.config, source.params
-  else:
-    config, params = config_lib.base(), None
-    config.model.update(ft.model.to_dict())
-    config.data.update(vocab_size=tokenizer_lib.Tokenizer(tokenizer).vocab_size, tokenizer=tokenizer)
-  mc = modeling.ModelConfig.from_config(config)
-  if params is None:
-    return mc, None
-  d = hf_convert.network_params(mc, params, "discriminator")
-  return mc, jax.device_get({"embeddings": d["embeddings"], "discriminator": d["encoder"]})
