@@ -163,3 +163,44 @@ def test_a_lost_process_ends_the_other_in_one_line(tiny_data, sigterm, straight)
   _lose_a_process(config, workdir, signal.SIGKILL, 1, in_save=True)
   _lose_a_process(config, workdir, signal.SIGSTOP, 0)
   _assert_resumes_exactly(config, workdir, straight)
+
+
+# A loop of collectives under the watchdog, the way the commands' loop runs it, on 2 processes x 1 CPU device; the
+# process named by argv[2] raises an error of its own at step 3.
+ONE_FAILS = """
+import sys
+from jax.experimental import multihost_utils
+from electra_jax import cli
+from electra_jax.runtime import peers, startup
+startup.initialize(peer_timeout_s=15)
+try:
+  with peers.Watchdog(15, "loop", lambda: "nothing saved", on_lost=lambda: None):
+    for step in range(600):
+      multihost_utils.sync_global_devices(f"step {step}")
+      if step == 3 and int(sys.argv[1]) == int(sys.argv[2]):
+        raise ValueError("an error of its own")
+except ValueError as e:
+  cli.fail("loop", e)
+"""
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_error_of_one_process_ends_every_process_in_one_line(tmp_path, failing):
+  """The failing process ends in its own line, every other one in a line naming it, all with exit 1 within seconds,
+  none in JAX's abort: jax.distributed's shutdown waits for every process, and aborts the one whose peer left first
+  (process 0, the coordination service's host, failing or not)."""
+  coordinator = f"127.0.0.1:{pretrain_cli.free_port()}"
+  procs = [subprocess.Popen([sys.executable, "-c", ONE_FAILS, str(i), str(failing)], cwd=pretrain_cli.ROOT,
+                            env=pretrain_cli.env(XLA_FLAGS=pretrain_cli.xla_flags(0), JAX_COORDINATOR_ADDRESS=coordinator,
+                                                 JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  lasts = [e.strip().splitlines()[-1] for e in errors]
+  assert [p.returncode for p in procs] == [1, 1], "\n".join(e[-3000:] for e in errors)
+  assert lasts[failing] == "loop: error: an error of its own", lasts
+  assert lasts[1 - failing] == (f"loop: error: process {failing} of 2 failed: an error of its own; nothing saved: run "
+                                "every process again to resume from it"), lasts

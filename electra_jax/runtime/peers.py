@@ -21,6 +21,7 @@ PERIOD_S = 1.0
 STARTUP_GRACE = 3
 PREFIX = "electra_jax/heartbeat/"
 DONE = "done"
+FAILED = "failed: "  # then the error's first line: a process whose loop raised an error of its own says so
 
 
 class Watchdog:
@@ -43,7 +44,7 @@ class Watchdog:
         threading.Thread(target=target, name=name, daemon=True).start()
     return self
 
-  def __exit__(self, exc_type, *_):
+  def __exit__(self, exc_type, exc, _):
     if not hasattr(self, "_client"):
       return
     if exc_type is not None:
@@ -55,11 +56,12 @@ class Watchdog:
              and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
         time.sleep(PERIOD_S)
     self._stop.set()
-    if exc_type is None:  # finished: its silence from now on is no loss (a process that raised may hang the others)
-      try:
-        self._client.key_value_set(_key(jax.process_index()), DONE, allow_overwrite=True)
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("Could not tell the other processes that this one finished: %s", e)
+    # Finished: its silence from now on is no loss. Failed: the others end naming this error, not a silence.
+    beat = DONE if exc_type is None else FAILED + (" ".join(str(exc).split()) or exc_type.__name__)
+    try:
+      self._client.key_value_set(_key(jax.process_index()), beat, allow_overwrite=True)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("Could not tell the other processes that this one ended: %s", e)
 
   def _publish(self):
     """Writes this process's heartbeat and reads everyone's, every PERIOD_S."""
@@ -80,19 +82,26 @@ class Watchdog:
         self._lost(0, now - self._answered)
       for p, (last, since) in seen.items():
         beat = beats.get(_key(p))
+        if beat is not None and beat.startswith(FAILED):
+          # Its exit waits in jax.distributed's shutdown for every process (aborting once one has gone): join it.
+          self._end(f"process {p} of {jax.process_count()} failed: {beat[len(FAILED):]}", jax.distributed.shutdown)
         if beat != last:
           seen[p] = (beat, now)
         elif beat != DONE and now - since > self.timeout_s * (1 if beat is not None else STARTUP_GRACE):
           self._lost(p, now - since)
 
   def _lost(self, process: int, silent_s: float):
-    message = (f"process {process} of {jax.process_count()} stopped responding (no heartbeat for {silent_s:.0f} s, "
-               f"train.peer_timeout_s={self.timeout_s:g}: it died, was lost or stalled); {self._saved()}: run every "
-               "process again to resume from it")
-    try:
-      self._on_lost()
-    except Exception as e:  # pylint: disable=broad-except  (the line and the exit matter more)
-      logging.warning("Releasing before exit failed: %s", e)
+    self._end(f"process {process} of {jax.process_count()} stopped responding (no heartbeat for {silent_s:.0f} s, "
+              f"train.peer_timeout_s={self.timeout_s:g}: it died, was lost or stalled)")
+
+  def _end(self, what: str, shutdown: Callable[[], object] = lambda: None):
+    """Releases what on_lost releases, then exits 1 after one line: `what`, and the checkpoint a rerun resumes from."""
+    message = f"{what}; {self._saved()}: run every process again to resume from it"
+    for release in (self._on_lost, shutdown):
+      try:
+        release()
+      except Exception as e:  # pylint: disable=broad-except  (the line and the exit matter more)
+        logging.warning("Releasing before exit failed: %s", e)
     sys.stderr.write(f"{self.command}: error: {message}\n")
     sys.stderr.flush()
     os._exit(1)  # pylint: disable=protected-access  (the main thread may never return from its collective)
