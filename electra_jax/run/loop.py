@@ -3,17 +3,20 @@ closing. A loop brings its own part as a `Body`: its batches, what it does after
 import collections
 import dataclasses
 import gc
-import statistics
 import os
+import signal
+import statistics
 import sys
+import threading
 from typing import Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from electra_jax.parallel.state import TrainState
-from electra_jax.run import checkpoints, goodput, preemption
+from electra_jax.run import checkpoints, goodput
 from electra_jax.run import metrics as metrics_lib
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.runtime import peers
@@ -76,6 +79,49 @@ class Guard:
       return f"{why}; stopped without saving it (no checkpoint was saved)"
     note = ", the weights that gave this loss" if kept == gave_it else ""
     return f"{why}; stopped without saving it; the newest checkpoint is kept (step {kept}{note} under {ckpt.directory})"
+
+
+class Watcher:
+  """Stopping cleanly: SIGTERM (a preemption notice) or SIGINT (Ctrl-C) ends the run after the current step, which `run`
+  then saves; `reached(step)` is True at that step. With several processes JAX's preemption service owns SIGTERM and
+  makes every host stop at the same step; Ctrl-C is routed through it. A second signal while stopping is logged and
+  ignored: it would break off the save. Use as a context manager."""
+
+  def __init__(self):
+    self.signal = None
+    self.stop_step = None  # the step the loop saves and stops at, once it knows
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is not threading.main_thread():
+      logging.warning("Not in the main thread: SIGTERM/SIGINT will not stop the run cleanly")
+      return self
+    signals = (signal.SIGINT,) if jax.process_count() > 1 else (signal.SIGINT, signal.SIGTERM)
+    self._previous = {s: signal.signal(s, self._handle) for s in signals}
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signal is not None:  # e.g. a second Ctrl-C: raising here would break the save off with a traceback
+      doing = "finishing the current step to save it" if self.stop_step is None else f"saving step {self.stop_step}"
+      logging.warning("%s received again, ignored: already stopping: %s, then exiting (SIGKILL abandons it; the next "
+                      "run deletes what it left)", signal.Signals(signum).name, doing)
+      return
+    self.signal = signal.Signals(signum).name
+    logging.warning("%s received: finishing the current step, saving, then exiting", self.signal)
+    if jax.process_count() > 1:
+      os.kill(os.getpid(), signal.SIGTERM)  # JAX's preemption notifier tells the other hosts
+
+  def reached(self, step: int) -> bool:
+    reached = (multihost_utils.reached_preemption_sync_point(step) if jax.process_count() > 1 else
+               self.signal is not None)
+    if reached and self.stop_step is None:
+      self.stop_step = step
+    return reached
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
 
 
 class InFlight:
@@ -172,7 +218,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
   clock.started(resumed=ckpt.restored_step is not None)
   watchdog = peers.Watchdog(s.peer_timeout_s, lock.record["command"], ckpt.newest_complete,
                             on_lost=lambda: close_all((bar.close, lock.__exit__)))
-  with watchdog, preemption.Watcher() as watcher:
+  with watchdog, Watcher() as watcher:
     try:
       for step in range(first, num_steps + 1, k) if not done() else ():
         with clock.phase("input"):
