@@ -1,11 +1,9 @@
 """Where a training run's wall time goes (PHASES; goodput is the share spent on steps), written into metrics.jsonl and
-printed at the end of each run with the total over the workdir's sessions; and a profiler trace of a few steps."""
+printed at the end of each run with the total over the workdir's sessions."""
 import contextlib
 import json
 import time
-from typing import Any, Callable
 
-import jax
 from absl import logging
 from etils import epath
 
@@ -18,9 +16,12 @@ class Clock:
   def __init__(self):
     self.t0 = time.monotonic()
     self.seconds = dict.fromkeys(PHASES, 0.0)
+    self.stepped = False  # whether a "step" phase was timed: the first is "compile" (it compiles the step)
 
   @contextlib.contextmanager
   def phase(self, name: str):
+    if name == "step" and not self.stepped:
+      name, self.stepped = "compile", True
     t = time.monotonic()
     try:
       yield
@@ -63,34 +64,3 @@ def report(workdir: str, split: dict, desc: str):
   overall = total(workdir)
   if overall:
     logging.info("Time of %s over its sessions: %s", workdir, describe(overall))
-
-
-class Profile:
-  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
-  <log_dir>/plugins/profile/); with several steps a dispatch, of the dispatches that end in that range, whole."""
-
-  def __init__(self, log_dir: str, start: int, count: int):
-    self.log_dir, self.start, self.end = log_dir, start, start + count - 1
-    self.active = self.traced = False
-
-  @contextlib.contextmanager
-  def step(self, step: int, state: Callable[[], Any]):
-    """Annotates the dispatch that ends at `step` in the trace (started at `start` or the first step after); at `end`
-    waits for `state()` before stopping, so the trace holds the steps' device work, not just their dispatch."""
-    if not self.traced and self.start <= step and self.end >= self.start:
-      jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
-      self.active = self.traced = True
-    if not self.active:
-      yield
-      return
-    with jax.profiler.StepTraceAnnotation("train", step_num=step):
-      yield
-    if step >= self.end:
-      jax.block_until_ready(state())
-      self.stop()
-      logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
-
-  def stop(self):
-    if self.active:
-      self.active = False
-      jax.profiler.stop_trace()

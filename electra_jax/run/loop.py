@@ -1,6 +1,8 @@
-"""The training loop pre-training and fine-tuning share: progress bar, preemption, the NaN/Inf guard, checkpoints and
-closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its checkpoints carry."""
+"""The training loop pre-training and fine-tuning share: progress bar, preemption, the NaN/Inf guard, profiling,
+checkpoints and closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its
+checkpoints carry."""
 import collections
+import contextlib
 import dataclasses
 import gc
 import os
@@ -8,7 +10,7 @@ import signal
 import statistics
 import sys
 import threading
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -124,6 +126,37 @@ class Watcher:
       signal.signal(s, handler)
 
 
+class Profile:
+  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
+  <log_dir>/plugins/profile/); with several steps a dispatch, of the dispatches that end in that range, whole."""
+
+  def __init__(self, log_dir: str, start: int, count: int):
+    self.log_dir, self.start, self.end = log_dir, start, start + count - 1
+    self.active = self.traced = False
+
+  @contextlib.contextmanager
+  def step(self, step: int, state: Callable[[], Any]):
+    """Annotates the dispatch that ends at `step` in the trace (started at `start` or the first step after); at `end`
+    waits for `state()` before stopping, so the trace holds the steps' device work, not just their dispatch."""
+    if not self.traced and self.start <= step and self.end >= self.start:
+      jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
+      self.active = self.traced = True
+    if not self.active:
+      yield
+      return
+    with jax.profiler.StepTraceAnnotation("train", step_num=step):
+      yield
+    if step >= self.end:
+      jax.block_until_ready(state())
+      self.stop()
+      logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
+
+  def stop(self):
+    if self.active:
+      self.active = False
+      jax.profiler.stop_trace()
+
+
 class InFlight:
   """The dispatches whose metrics are still on the device, read two dispatches late so that the next ones are queued
   while the host waits. A dispatch of k steps returns each metric stacked: the guard sees every step."""
@@ -211,7 +244,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
   in_flight = InFlight(guard)
   k = s.steps_per_dispatch
   first = int(state.step) + k  # the first dispatch's last step
-  profile = goodput.Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, s.profile_steps)
+  profile = Profile(os.path.join(os.path.dirname(ckpt.directory), "tensorboard"), first + 1, s.profile_steps)
   logs = lambda step: step % s.log_every == 0 or step == num_steps
   evals = lambda step: step % s.eval_every == 0 or step == num_steps
 
@@ -223,7 +256,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
       for step in range(first, num_steps + 1, k) if not done() else ():
         with clock.phase("input"):
           batch = body.batch(step)
-        with clock.phase("compile" if step == first else "step"), profile.step(step, lambda: state):
+        with clock.phase("step"), profile.step(step, lambda: state):
           state, step_metrics = step_fn(state, batch, rng)
           bar.update(k)
           stop = watcher.reached(step)
