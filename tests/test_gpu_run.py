@@ -28,6 +28,7 @@ import pytest
 from benchmarks import gpu_run
 from configs import tiny
 from electra_jax import finetune
+from electra_jax.parallel import aot, topology
 from launch import bundle
 from studies import finetune_demo
 from tests import pretrain_cli
@@ -287,6 +288,27 @@ def test_bundle_installs_offline_and_gpu_run_dry_runs_from_it(bundled):
   assert figures["missing"] == [] and "import_errors" not in figures and not figures["tensorflow_installed"]
   assert steps["pretrain"]["figures"]["last_step"] == 24  # the whole schedule
   assert sorted(r["method"] for r in steps["finetune"]["figures"]["results"]) == ["pre-trained", "random init"]
+
+
+@pytest.mark.slow
+def test_counts_compile_the_pretraining_steps_for_an_h200_with_their_kernels_by_kind(prepared):
+  """electra-compile --gpu=h200 as the counts step runs it, from this CPU with no GPU: the plan against JAX's share of
+  an H200's memory, no FLOPs or cost model (XLA:GPU has none without a device), and each step's kernels: gemms, XLA's
+  fusions, dropout's random numbers, no collective on one GPU, no cuDNN call with the einsum attention."""
+  run = json.loads(prepared[2].read_text())["steps"]["counts"]["figures"]["runs"][0]
+  result = run["result"]
+  assert (result["gpu"], result["devices"], result["device_kind"]) == ("h200", 1, "NVIDIA H200 141GB HBM3e")
+  train, evaluate = result["steps"]
+  assert (train["step"], evaluate["step"]) == ("train step", "eval step")
+  assert 0 < train["peak_bytes"] < train["hbm_bytes"] == int(151397597184 * topology.DEFAULT_MEM_FRACTION)
+  assert train["xla_flops"] is None and train["est_step_s"] is None
+  for step in (train, evaluate):
+    kinds = step["kernels"]
+    assert set(kinds) == set(aot.KERNEL_KINDS)
+    assert kinds["gemm"] > 0 and kinds["elementwise"] > 0 and kinds["rng"] > 0, kinds
+    assert kinds["collective"] == kinds["cudnn"] == 0, kinds
+  assert sum(train["kernels"].values()) > sum(evaluate["kernels"].values())  # the backward pass and the update
+  assert "kernels     gemm  cudnn  elementwise" in (prepared[2].parent / run["log"]).with_suffix(".out").read_text()
 
 
 @pytest.mark.slow

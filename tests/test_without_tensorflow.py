@@ -107,8 +107,10 @@ def _pretrain_export_finetune(environ, config, root) -> dict:
   _python(environ, "-m", "electra_jax.export", f"--workdir={workdir}", f"--output={root / 'export'}")
   _python(environ, "-m", "electra_jax.finetune", *FINETUNE, f"--config.init_from={root / 'export'}",
           f"--workdir={root / 'finetune'}")
+  # The resumed leg's config (its schedule is part of the step): the bench times the train step that leg compiled.
   bench = _python(environ, "-m", "electra_jax.bench", "--config=configs/tiny.py", f"--data_dir={config.data.data_dir}",
-                  "--steps=1", "--warmup=1", "--pipeline", "--pipeline_batches=5")
+                  *PRETRAIN, "--config.train.num_steps=12", "--steps=1", "--warmup=1", "--pipeline",
+                  "--pipeline_batches=5")
   rows = map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
   return {"pretrain": [r for r in rows if "goodput" not in r],  # each session's time split aside
           "finetune": json.loads((root / "finetune" / "eval_results.json").read_text()),
