@@ -51,8 +51,8 @@ def summarize(runs: dict[float, list[dict]], metric: str) -> dict:
   return dict(metric=metric, chosen_rate=chosen, eval=by_rate[chosen]["eval"], by_rate=by_rate)
 
 
-def table(summary: dict, seeds: list[int]) -> str:
-  names = list(summary["eval"])
+def table(summary: dict) -> str:
+  names, seeds = list(summary["eval"]), summary["seeds"]
   show = lambda s: f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})" if len(seeds) > 1 else f"{s['median']:.3f}"
   lines = [f"| learning rate | dev {summary['metric']} (median) | " + " | ".join(f"eval {n}" for n in names) + " |",
            "|---" * (2 + len(names)) + "|"]
@@ -108,7 +108,7 @@ def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: li
   if jax.process_index() == 0:
     out = epath.Path(workdir)
     storage.write(out / SUMMARY_FILE, json.dumps(summary, indent=2))
-    storage.write(out / TABLE_FILE, table(summary, seeds))
+    storage.write(out / TABLE_FILE, table(summary))
     plot_curves({f"lr {rate:g}": r for rate, r in by_rate.items()}, metric, out / CURVES_FILE)
   logging.info("Protocol: learning rate %g chosen on dev; eval %s", summary["chosen_rate"],
                {k: round(v["median"], 4) for k, v in summary["eval"].items()})
