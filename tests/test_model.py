@@ -408,6 +408,18 @@ def test_layer_norm_of_a_residual_sum_with_dropout_is_autodiffs():
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(jnp.abs(b).max()))
 
 
+@pytest.mark.parametrize("shape", [(16, 512, 8), (4, 8, 3), (1, 8192, 2)])
+def test_sums_in_parts_are_column_sums(shape):
+  """modeling.sums_in_parts, the GPU's bias gradients (partial sums of at most 4,096 rows, added up; the CPU sums
+  plainly, so only this test runs it here): the sums over every axis but the last, for one part, several, and a
+  batch too short to split (one part of 8,192 rows)."""
+  rng = np.random.default_rng(0)
+  arrays = [jnp.asarray(rng.normal(size=shape), dtype) for dtype in (jnp.float32, jnp.bfloat16)]
+  for ours, array in zip(modeling.sums_in_parts(*arrays), arrays, strict=True):
+    assert ours.dtype == jnp.float32 and ours.shape == shape[-1:]
+    np.testing.assert_allclose(ours, np.asarray(array, np.float64).sum((0, 1)), rtol=1e-5, atol=1e-3)
+
+
 def test_projections_are_separate_dense_layers():
   """modeling.projections (Q, K and V's kernels side by side, its own backward pass) equals three flax nn.Dense
   layers in float32, outputs and the gradients of the input, every kernel and every bias."""

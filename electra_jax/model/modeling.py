@@ -97,6 +97,30 @@ _ALGORITHMS = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32
                jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}
 
 
+# The most rows XLA:GPU sums a column of in one kernel (32 threads of 128 rows each); it sums a longer one in two.
+_ROWS_PER_KERNEL = 4096
+
+
+def sums_in_parts(*arrays) -> tuple:
+  """Each array of one shape summed over every axis but the last, in float32, as one reduction (one kernel on a GPU,
+  where separate sums are one each) to k partial sums of at most _ROWS_PER_KERNEL rows, which are then added
+  elementwise: XLA fuses the additions into the update that consumes the sums, where a second reduction would be a
+  kernel of its own. k divides the leading (batch) axis, so that a batch sharded over devices stays so."""
+  batch, rows = arrays[0].shape[0], arrays[0].size // arrays[0].shape[-1]
+  k = next((d for d in range(-(-rows // _ROWS_PER_KERNEL), batch + 1) if batch % d == 0), batch)
+  parts = jax.lax.reduce(tuple(a.astype(jnp.float32).reshape(k, rows // k, a.shape[-1]) for a in arrays),
+                         (jnp.float32(0),) * len(arrays), lambda u, v: tuple(p + q for p, q in zip(u, v)), (1,))
+  return tuple(functools.reduce(jnp.add, list(p)) for p in parts)
+
+
+def column_sums(*arrays) -> tuple:
+  """Each array summed over every axis but the last, in float32: a bias's gradient. XLA:CPU runs a variadic
+  reduction several times slower than separate sums within a step, so the CPU sums each array itself."""
+  return jax.lax.platform_dependent(
+      *arrays, cpu=lambda *a: tuple(t.astype(jnp.float32).sum(tuple(range(t.ndim - 1))) for t in a),
+      default=sums_in_parts)
+
+
 def matmul(x: jax.Array, weight: jax.Array, dtype, weight_axis: int = 0) -> jax.Array:
   """x's last axis times `weight`'s axis `weight_axis`, in `dtype`. A float32 weight is rounded to a 16-bit dtype
   inside the matmul (a dot algorithm) rather than by a cast of its own: the forward and backward matmuls share a
@@ -184,8 +208,7 @@ def projections(x: jax.Array, kernels: tuple, biases: tuple) -> tuple:
 def _projections_bwd(residuals, grads):
   x, kernels = residuals
   dx, dkernels = jax.vjp(lambda x, ks: tuple(matmul(x, k, x.dtype) for k in ks), x, kernels)[1](grads)
-  joined = jnp.concatenate(grads, -1)
-  sums = joined.sum(tuple(range(joined.ndim - 1)), dtype=jnp.float32)
+  sums, = column_sums(jnp.concatenate(grads, -1))
   return dx, dkernels, tuple(jnp.split(sums, len(grads)))
 
 
@@ -232,14 +255,7 @@ def _layer_norm_bwd(eps, rate, residuals, grad):
   dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
   dx = jax.lax.optimization_barrier(dx.astype(x.dtype))  # rounded once, for both its uses (as in the forward pass)
   dh = None if h is None else (dx if keep is None else _kept(dx, keep, rate)).astype(h.dtype)
-  sums = (grad * x_hat, grad) if h is None else (grad * x_hat, grad, dh.astype(jnp.float32))
-  axes = tuple(range(x.ndim - 1))
-  # The parameters' gradients as one (variadic) reduction, which XLA:GPU launches once where it launches separate
-  # sums separately; XLA:CPU runs it several times slower than separate sums within a step, so the CPU sums.
-  sums = jax.lax.platform_dependent(
-      *sums, cpu=lambda *a: tuple(t.sum(axes) for t in a),
-      default=lambda *a: jax.lax.reduce(a, (jnp.float32(0),) * len(a),
-                                        lambda u, v: tuple(p + q for p, q in zip(u, v)), axes))
+  sums = column_sums(grad * x_hat, grad) if h is None else column_sums(grad * x_hat, grad, dh)
   dscale, dbias, dh_bias = (*sums, None) if h is None else sums
   return dx, dscale, dbias, dh, dh_bias, None
 
