@@ -36,7 +36,7 @@ def _steps(head: str, k: int, mesh=(8, 1), steps=3, batch_size=16):
                                          optimizer="adamw", flat_update=False))
   mesh = sharding.create_mesh(*mesh)
   sharding.check_batch(batch_size, mesh, k)
-  optimizer = optim.build(experiment.recipe(train, 10, mc.discriminator.num_layers), mesh)
+  optimizer = optim.build(experiment.recipe(train, 10, mc.discriminator.num_layers))
   sharded = sharding.create_state(lambda r: model.init(r, ids[:1], ids[:1])["params"], optimizer, mesh)
   step = sharded.jit_step(functools.partial(update_lib.step, update_lib.Update(optimizer, k), loss_fn=functools.partial(
       experiment.train_loss, model=model, loss=loss)))

@@ -187,10 +187,10 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   given = recipe(ft.train, num_steps, mc.discriminator.num_layers)
   resolved = dataclasses.replace(given, learning_rate=learning_rate(given.learning_rate, mc),
                                  layer_decay=layer_decay(given.layer_decay, mc))
+  optimizer = optim.build(resolved, devices)
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
   sharding.check_batch(ft.train.batch_size, mesh, ft.train.grad_accum_steps)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
-  optimizer = optim.build(resolved, mesh)
   model = head.model(mc)
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = sharding.create_state(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer, mesh)

@@ -72,11 +72,11 @@ class FlatLayout:
   """Where each weight array goes in the flat update: an array the mesh splits over fsdp into its rows of one
   [fsdp, n] matrix, row k the shard device k holds (whichever dimension is split), laid out as the mesh splits it;
   every other array into one vector, whole on each device. Without a split (one device, mesh.fsdp 1) the vector alone,
-  as optax.flatten lays it out. Which arrays are split, the state's init sets (`split`, from the weights' shardings:
-  sharding.create_state) before the optimiser's init; later inits and updates (plain arrays) take the same layout."""
+  as optax.flatten lays it out. The state's init lays it out on its mesh (sharding.create_state sets `fsdp` and
+  `split` from the weights' shardings) before the optimiser's init; later inits and updates take the same layout."""
 
-  def __init__(self, mesh: jax.sharding.Mesh | None = None):
-    self.mesh = mesh if mesh is not None and mesh.shape["fsdp"] > 1 else None
+  def __init__(self):
+    self.fsdp = 1  # the mesh's fsdp size: over 1, the arrays it splits go in the matrix
     self.split = None  # per weight array (tree order), the dimension split over fsdp or None
 
   def flatten(self, tree):
@@ -84,11 +84,8 @@ class FlatLayout:
     leaves = jax.tree.leaves(tree)
     is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
     boxed = any(map(is_box, jax.tree.leaves(tree, is_leaf=is_box)))
-    if self.mesh is None:
+    if self.fsdp == 1:
       self.split = [None] * len(leaves)
-    elif self.split is None:
-      raise ValueError("the flat update's layout is read from the weights' shardings: create the state before an "
-                       "init or update")
     whole = jnp.concatenate([jnp.ravel(x) for x, d in zip(leaves, self.split) if d is None] or [jnp.zeros([0])])
     rows = [self._rows(x, d) for x, d in zip(leaves, self.split) if d is not None]
     if not rows:
@@ -112,18 +109,18 @@ class FlatLayout:
         out.append(whole[at:at + x.size].reshape(x.shape))
         at += x.size
       else:
-        n = x.size // self.mesh.shape["fsdp"]
+        n = x.size // self.fsdp
         out.append(self._array(matrix[:, column:column + n], x.shape, d))
         column += n
     return jax.tree.unflatten(treedef, out)
 
   def _rows(self, x, d):
     """x, split along d, as [fsdp, x.size / fsdp]: row k device k's shard."""
-    f = self.mesh.shape["fsdp"]
+    f = self.fsdp
     return jnp.moveaxis(x.reshape(x.shape[:d] + (f, x.shape[d] // f) + x.shape[d + 1:]), d, 0).reshape(f, -1)
 
   def _array(self, rows, shape, d):
-    f = self.mesh.shape["fsdp"]
+    f = self.fsdp
     return jnp.moveaxis(rows.reshape((f,) + shape[:d] + (shape[d] // f,) + shape[d + 1:]), 0, d).reshape(shape)
 
 
@@ -166,7 +163,7 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """A recipe built for one mesh: the optax transformation, its learning-rate schedule (also logged) and the flat
+  """A recipe built for its devices: the optax transformation, its learning-rate schedule (also logged) and the flat
   update's layout (None: per array)."""
   tx: optax.GradientTransformation
   schedule: optax.Schedule
@@ -179,8 +176,9 @@ class Optimizer:
     return jax.tree.map(lambda s, f: f if is_adam(s) else s, opt_state, self.tx.init(params), is_leaf=is_adam)
 
 
-def build(recipe: Recipe, mesh: jax.sharding.Mesh | None = None) -> Optimizer:
-  """`recipe`'s optimiser on `mesh` (none: one device)."""
+def build(recipe: Recipe, devices=None) -> Optimizer:
+  """`recipe`'s optimiser on `devices` (default: this host's); a flat update's layout is the state's
+  (sharding.create_state)."""
   if recipe.optimizer == "adamw":  # optax.adamw's chain, spelt out so the flat update can take its direction alone
     schedule = learning_rate_schedule(recipe.learning_rate, int(recipe.warmup_steps), recipe.total_steps)
     direction = optax.scale_by_adam(recipe.adam_b1, recipe.adam_b2, recipe.adam_eps)
@@ -190,7 +188,8 @@ def build(recipe: Recipe, mesh: jax.sharding.Mesh | None = None) -> Optimizer:
   clip = optax.clip_by_global_norm(recipe.clip_norm)
   decay_and_rate = (optax.add_decayed_weights(recipe.weight_decay, decay_mask), optax.scale_by_learning_rate(schedule))
   # Not on TPUs, where XLA fuses the per-array update well and the flat one's copies cost more (docs/tpu.md).
-  flat = FlatLayout(mesh) if recipe.flat_update and (mesh is None or mesh.devices.flat[0].platform != "tpu") else None
+  on_tpu = (jax.devices() if devices is None else devices)[0].platform == "tpu"
+  flat = FlatLayout() if recipe.flat_update and not on_tpu else None
   if flat:  # the decay and the rate per array, where they fuse with the weights' own update
     tx = optax.chain(flatten(optax.chain(clip, direction), flat), *decay_and_rate)
   else:

@@ -180,8 +180,9 @@ def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optim
   (optimizer.flat) are laid out as the mesh splits them."""
   def init_boxed(rng):
     params = init_params(rng)
-    if optimizer.flat:
+    if optimizer.flat and mesh.shape["fsdp"] > 1:
       specs = jax.tree.leaves(tree_specs(params, mesh)[0], is_leaf=lambda s: isinstance(s, P))
+      optimizer.flat.fsdp = mesh.shape["fsdp"]
       optimizer.flat.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
     return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.tx.init(params))
 

@@ -67,9 +67,9 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
   masking.check_masking(objective.mask_prob, seq_len)
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
   step_flops = entry.flops(flops.costs(model.config, objective, train.batch_size, seq_len))
+  optimizer = optim.build(given, devices)
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(train.batch_size, mesh, train.grad_accum_steps)
-  optimizer = optim.build(given, mesh)
   stages = update_lib.Stages(objective.switch_step, two_stage.discriminator_from_generator,
                              two_stage.trained_in_stage1) if objective.switch_step else None
   update = update_lib.Update(optimizer, train.grad_accum_steps, losses.SUMMED_METRICS, stages,
