@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests import pretrain_cli
+
 pytestmark = pytest.mark.slow  # every test here runs the commands as subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,7 +18,9 @@ TASKS = ("sentiment",)  # one of the demo's two: the study runs every task alike
 
 
 def _replicate(*args: str) -> str:
-  env = dict(os.environ, PYTHONPATH=ROOT)  # conftest's XLA_FLAGS (8 devices) are inherited
+  # One device, as `make replicate` runs the study: its code is the same on any mesh (the 8 simulated devices are
+  # sharding's tests), and its many short runs compile and step faster on one.
+  env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS=pretrain_cli.xla_flags(1))
   out = subprocess.run([sys.executable, "-m", "studies.replicate", *args], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
