@@ -105,9 +105,11 @@ def sums_in_parts(*arrays) -> tuple:
   """Each array of one shape summed over every axis but the last, in float32, as one reduction (one kernel on a GPU,
   where separate sums are one each) to k partial sums of at most _ROWS_PER_KERNEL rows, which are then added
   elementwise: XLA fuses the additions into the update that consumes the sums, where a second reduction would be a
-  kernel of its own. k divides the leading (batch) axis, so that a batch sharded over devices stays so."""
+  kernel of its own. k divides the leading (batch) axis. On a mesh of several devices, which shard the batch, k is 1:
+  parts split over devices would be gathered to be added."""
   batch, rows = arrays[0].shape[0], arrays[0].size // arrays[0].shape[-1]
-  k = next((d for d in range(-(-rows // _ROWS_PER_KERNEL), batch + 1) if batch % d == 0), batch)
+  k = 1 if jax.sharding.get_abstract_mesh().size > 1 else next(
+      (d for d in range(-(-rows // _ROWS_PER_KERNEL), batch + 1) if batch % d == 0), batch)
   parts = jax.lax.reduce(tuple(a.astype(jnp.float32).reshape(k, rows // k, a.shape[-1]) for a in arrays),
                          (jnp.float32(0),) * len(arrays), lambda u, v: tuple(p + q for p, q in zip(u, v)), (1,))
   return tuple(functools.reduce(jnp.add, list(p)) for p in parts)
