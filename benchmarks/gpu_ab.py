@@ -72,12 +72,12 @@ def warm(exp) -> float:
   start: the same programs, so that its compilation cache holds them."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
-  from electra_jax.pretrain import loop  # pylint: disable=g-import-not-at-top
+  from electra_jax.run import loop  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   (_, step, (state, batch, _)), _ = experiment.compile_targets(exp)
   # The loop's key is made on the host, uncommitted; a replicated one lowers to another program.
   step.lower(state, batch, jax.random.key(exp.config.train.seed)).compile()
-  loop.compile_ahead(exp)
+  loop.compile_ahead(lambda: experiment.compile_targets(exp), "eval step").result()
   return time.perf_counter() - t0
 
 

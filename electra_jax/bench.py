@@ -202,7 +202,7 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
   marks = []  # (wall, main thread's CPU, input wait so far, other threads' CPU by kind) at each dispatch
 
   def step(state, batch, rng):
-    if len(marks) == 1:  # the window opens once the evaluation step has compiled (pretrain/loop.compile_ahead)
+    if len(marks) == 1:  # the window opens once the evaluation step has compiled (run/loop.compile_ahead)
       for thread in threading.enumerate():
         if thread.name.startswith("compile-ahead"):
           thread.join()

@@ -46,22 +46,23 @@ SIZE_KEYS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "emb
 
 
 # train.* keys of every loop that must be at least 1.
-COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps")
+COUNTS = ("log_every", "checkpoint_every", "keep_checkpoints", "max_bad_steps", "steps_per_dispatch")
+# train.* cadences, where a loop has them: the loop logs, evaluates, saves and stops between dispatches only.
+CADENCES = ("num_steps", "eval_every", "log_every", "checkpoint_every")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
   """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor
-  >= 0 (the loop's guard), and, where the loop has train.steps_per_dispatch, the loop's cadences (its own `counts`,
-  log_every, checkpoint_every) are multiples of it: the loop logs, evaluates, saves and stops between dispatches."""
-  dispatched = ("steps_per_dispatch",) if "steps_per_dispatch" in train else ()  # fine-tuning's loop has none
-  for key in (*counts, *COUNTS, *dispatched):
+  >= 0 (the loop's guard), and the loop's CADENCES are multiples of train.steps_per_dispatch (0, a cadence the loop
+  chooses itself, passes)."""
+  for key in (*counts, *COUNTS):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")
   if train.spike_factor < 0:
     raise ValueError(f"train.spike_factor={train.spike_factor} must be at least 0 (0: no spike check)")
-  k = train.steps_per_dispatch if dispatched else 1
-  for key in (*counts, "log_every", "checkpoint_every"):
-    if train[key] % k:
+  k = train.steps_per_dispatch
+  for key in CADENCES:
+    if key in train and train[key] % k:
       raise ValueError(f"train.{key}={train[key]} is not a multiple of train.steps_per_dispatch={k}: the run logs, "
                        "evaluates, saves and stops only between dispatches")
 

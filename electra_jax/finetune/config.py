@@ -58,6 +58,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Micro-batches per step (batch_size / k rows each, one after another): the same update in less memory (a
       # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
       grad_accum_steps=1,
+      # Steps in one jitted call, as pre-training's; log_every, eval_every and checkpoint_every must be multiples of
+      # it, and the run's length and its chosen eval_every are rounded up to multiples.
+      steps_per_dispatch=1,
       eval_batch_size=64,
       # Peak rate; 0 = the paper's for the encoder's width: 3e-4 (Small: hidden <= 256), 1e-4 (Base: <= 768), else
       # 5e-5 (Large).

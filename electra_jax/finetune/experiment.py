@@ -105,7 +105,8 @@ class Steps:
   layer_decay: float  # train.layer_decay resolved
   schedule: Callable[[int], float]
   sharded: sharding.Sharded
-  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted
+  step_fn: Callable  # (state, batch, rng) -> (state, metrics), jitted; train.steps_per_dispatch steps a call
+  step_batch: jax.sharding.NamedSharding  # the layout of step_fn's batch (k stacked on a leading axis where k > 1)
   predict: Callable  # (params, batch, rng) -> the head's outputs, jitted
 
 
@@ -123,22 +124,26 @@ class Setup(Steps):
   eval: Split
   test: Split | None  # rows to predict
   metric: str  # what model selection maximises
+  seq_len: int
   steps_per_epoch: int
   num_steps: int
   eval_every: int
   rng: jax.Array
 
-  def global_batch(self, examples: tasks.Examples, rows: np.ndarray) -> dict[str, jax.Array]:
-    """The global batch of `rows`, from this host's share of them."""
-    n = len(rows) // jax.process_count()
-    local = rows[jax.process_index() * n:(jax.process_index() + 1) * n]
-    return input_pipeline.to_global({k: getattr(examples, k)[local] for k in self.head.fields}, self.sharded.batch)
+  def global_batch(self, examples: tasks.Examples, rows: np.ndarray,
+                   layout: jax.sharding.NamedSharding | None = None) -> dict[str, jax.Array]:
+    """The global batch of `rows` (or, given [k, batch] rows, k batches stacked), from this host's share of each,
+    laid out as `layout` (default: one batch's)."""
+    n = rows.shape[-1] // jax.process_count()
+    local = rows[..., jax.process_index() * n:(jax.process_index() + 1) * n]
+    return input_pipeline.to_global({k: getattr(examples, k)[local] for k in self.head.fields},
+                                    layout or self.sharded.batch)
 
-  def outputs(self, params, examples: tasks.Examples) -> np.ndarray:
+  def outputs(self, params, examples: tasks.Examples, predict: Callable | None = None) -> np.ndarray:
     """The head's outputs for every example once: the last batch is padded with copies of row 0, whose outputs are
-    dropped."""
+    dropped. `predict`: self.predict, or that step compiled ahead for these shapes."""
     n, ebs = len(examples.labels), self.ft.train.eval_batch_size
-    out = [self.predict(params, self.global_batch(examples, np.arange(start, start + ebs) % n), self.rng)
+    out = [(predict or self.predict)(params, self.global_batch(examples, np.arange(start, start + ebs) % n), self.rng)
            for start in range(0, n, ebs)]
     return np.concatenate(sharding.to_host(out))[:n]  # every host's rows, gathered
 
@@ -169,13 +174,15 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   steps_per_epoch = len(train.examples.labels) // ft.train.batch_size
   if not steps_per_epoch:
     raise ValueError(f"{len(train.examples.labels)} training examples do not fill one batch of {ft.train.batch_size}")
-  num_steps = max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1)
+  whole = lambda steps: -(-steps // ft.train.steps_per_dispatch) * ft.train.steps_per_dispatch  # in whole dispatches
+  num_steps = whole(max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1))
   steps = build_steps(ft, head, mc, seq_len, num_steps)
   return Setup(
       ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
-      encoder=encoder, train=train, dev=dev, eval=eval_, test=test, metric=metric,
+      encoder=encoder, train=train, dev=dev, eval=eval_, test=test, metric=metric, seq_len=seq_len,
       steps_per_epoch=steps_per_epoch, num_steps=num_steps,
-      eval_every=ft.train.eval_every or (max(steps_per_epoch, num_steps // 20) if dev is not None else num_steps),
+      eval_every=ft.train.eval_every or (
+          whole(max(steps_per_epoch, num_steps // 20)) if dev is not None else num_steps),
       rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1),
       **{f.name: getattr(steps, f.name) for f in dataclasses.fields(steps)})
 
@@ -195,17 +202,18 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = sharding.create_state(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer, mesh)
   update = update_lib.Update(optimizer, ft.train.grad_accum_steps)
-  step_fn = sharded.jit_step(functools.partial(update_lib.step, update, loss_fn=functools.partial(
-      train_loss, model=model, loss=head.loss)))
+  step_fn, step_batch = sharded.jit_steps(functools.partial(update_lib.step, update, loss_fn=functools.partial(
+      train_loss, model=model, loss=head.loss)), ft.train.steps_per_dispatch)
   predict = sharded.jit_eval(lambda p, b, rng: model.apply({"params": p}, b["input_ids"], b["segment_ids"]))
-  return Steps(resolved.learning_rate, resolved.layer_decay, optimizer.schedule, sharded, step_fn, predict)
+  return Steps(resolved.learning_rate, resolved.layer_decay, optimizer.schedule, sharded, step_fn, step_batch, predict)
 
 
 def compile_targets(ft: ml_collections.ConfigDict, head: Head, steps: Steps, seq_len: int) -> list:
   """The train and predict steps with ShapeDtypeStructs of their arguments (aot.py compiles them)."""
   state = steps.sharded.abstract()
   rng = aot.key_struct(steps.sharded.replicated)
-  batch = lambda rows, **labels: aot.int_batch(steps.sharded.batch, rows, seq_len, **labels)
-  return [("train step", steps.step_fn, (state, batch(ft.train.batch_size, labels=head.label_shape(
-              ft.train.batch_size, seq_len)), rng)),
-          ("predict step", steps.predict, (state.params, batch(ft.train.eval_batch_size), rng))]
+  def batch(layout, rows: int, k: int = 1):  # as the loop's batches, labels included
+    return aot.int_batch(layout, rows, seq_len, k, labels=head.label_shape(rows, seq_len))
+  return [("train step", steps.step_fn,
+           (state, batch(steps.step_batch, ft.train.batch_size, ft.train.steps_per_dispatch), rng)),
+          ("predict step", steps.predict, (state.params, batch(steps.sharded.batch, ft.train.eval_batch_size), rng))]

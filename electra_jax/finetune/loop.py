@@ -2,6 +2,7 @@
 (plan.py), the loop (loop.py's, with evaluation and model selection), the results.
 """
 import dataclasses
+import functools
 import json
 import time
 
@@ -12,7 +13,7 @@ from absl import logging
 from etils import epath
 
 from electra_jax.finetune import plan as plan_lib
-from electra_jax.finetune.experiment import batch_rows, make_setup, Setup
+from electra_jax.finetune.experiment import batch_rows, compile_targets, make_setup, Setup
 from electra_jax.parallel import state as state_lib
 from electra_jax.run import checkpoints, goodput
 from electra_jax.run import loop as loop_lib
@@ -42,13 +43,15 @@ def train(plan: plan_lib.Plan) -> dict | None:
       workdir_lib.empty(workdir)
     ckpt = checkpoints.Checkpointer(workdir, ft, setup.tokenizer_path)
     tuning = Tuning(setup, workdir, t0)
-    state, progress = restore_or_init(setup, ckpt, plan)
-    tuning.progress = progress
+    state, tuning.progress = restore_or_init(setup, ckpt, plan)
+    ckpt.check_start(int(state.step))
     workdir_lib.write_plan(workdir, ft, record)
     writer = metrics_lib.Writer(workdir, int(state.step))
     logging.info("Fine-tuning %d steps (%d training examples of %d, %d labels)", setup.num_steps,
                  len(setup.train.examples.labels), setup.train.size, setup.head.num_labels)
     settings = loop_lib.Settings.of(ft.train, setup.num_steps, setup.eval_every)
+    tuning.ahead = loop_lib.compile_ahead(functools.partial(compile_targets, ft, setup.head, setup, setup.seq_len),
+                                          "predict step")
     _, stopped = loop_lib.run(tuning, state, setup.step_fn, setup.rng, settings, desc="fine-tuning", ckpt=ckpt,
                               lock=lock, writer=writer, clock=clock, closers=(), done=tuning.converged)
     if stopped:
@@ -112,6 +115,7 @@ class Tuning:
   def __init__(self, s: Setup, workdir: str, t0: float):
     self.s, self.workdir, self.t0 = s, workdir, t0
     self.progress = Progress()  # the run's, as restore_or_init found it
+    self.ahead = None  # the future of the predict step compiled beside the first train step (loop.compile_ahead)
     self.logged = []  # the losses since the last log step
 
   def seconds(self) -> float:
@@ -119,9 +123,11 @@ class Tuning:
     return round(self.progress.seconds + time.time() - self.t0, 1)
 
   def batch(self, step: int) -> dict[str, jax.Array]:
-    s = self.s
-    n = len(s.train.examples.labels)
-    return s.global_batch(s.train.examples, batch_rows(step - 1, s.ft.train.seed, n, s.ft.train.batch_size))
+    """The batches of the dispatch that ends at `step`: stacked where it holds several steps."""
+    s, train = self.s, self.s.ft.train
+    k, n = train.steps_per_dispatch, len(s.train.examples.labels)
+    rows = np.stack([batch_rows(i, train.seed, n, train.batch_size) for i in range(step - k, step)])
+    return s.global_batch(s.train.examples, rows if k > 1 else rows[0], s.step_batch)
 
   def after_step(self, step: int, state: state_lib.TrainState, step_metrics: dict, losses: list[float],
                  log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
@@ -155,10 +161,10 @@ class Tuning:
   def evaluate(self, step: int, params, writer: metrics_lib.Writer):
     """Scores the eval split (and the dev fold); keeps the model in best/ when model selection picks it."""
     s = self.s
-    eval_outputs = s.outputs(params, s.eval.examples)
+    eval_outputs = s.outputs(params, s.eval.examples, self.ahead.result())
     record = dict(step=step, eval=s.head.metrics(s.eval, eval_outputs))
     if s.dev is not None:
-      record["dev"] = s.head.metrics(s.dev, s.outputs(params, s.dev.examples))
+      record["dev"] = s.head.metrics(s.dev, s.outputs(params, s.dev.examples, self.ahead.result()))
     self.progress.history.append(record)
     writer.write(step, {f"{split}_{k}": v for split in ("dev", "eval") for k, v in record.get(split, {}).items()})
     if self.selects(record):
@@ -181,7 +187,7 @@ class Tuning:
     self.progress.best = record
     s.head.save(s.mc, params, s.tokenizer_path, s.pad_id, f"{self.workdir}/{BEST_DIR}")
     splits = [("eval", s.eval, eval_outputs)]
-    splits += [("test", s.test, s.outputs(params, s.test.examples))] if s.test is not None else []
+    splits += [("test", s.test, s.outputs(params, s.test.examples, self.ahead.result()))] if s.test is not None else []
     for name, split, outputs in splits:
       if jax.process_index() == 0:
         rows = s.head.prediction_rows(split, outputs)

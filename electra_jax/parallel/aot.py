@@ -148,11 +148,13 @@ def _crossing(points: list[tuple[int, int]], level: int) -> float:
   return x1 + (level - y1) * (x1 - x0) / (y1 - y0) if y1 != y0 else lo
 
 
-def int_batch(sharding, batch: int, seq_len: int, **extra) -> dict:
+def int_batch(sharding, batch: int, seq_len: int, steps: int = 1, **extra) -> dict:
   """ShapeDtypeStructs of a batch of token ids and segment ids (int32 [batch, seq_len]) and `extra` fields (name ->
-  (shape, dtype)), split as `sharding` splits batches."""
+  (shape, dtype)), split as `sharding` splits batches; `steps` > 1: that many stacked on a leading axis (a dispatch of
+  several steps, sharding.Sharded.jit_steps)."""
   shapes = dict(input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32), **extra)
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
+  lead = (steps,) if steps > 1 else ()
+  return {k: jax.ShapeDtypeStruct((*lead, *shape), dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
 # What a compiled step's kernels are (XLA:GPU launches one for each fusion, custom call, copy and collective of the

@@ -89,12 +89,10 @@ def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
   """The steps the loop runs, each with ShapeDtypeStructs of its arguments on the experiment's mesh: what aot.py
   compiles for a TPU slice without materialising anything."""
   state = exp.sharded.abstract()
-  batch = aot.int_batch(exp.sharded.batch, exp.config.train.batch_size, exp.config.data.seq_len)
+  batch = functools.partial(aot.int_batch, batch=exp.config.train.batch_size, seq_len=exp.config.data.seq_len)
   rng = aot.key_struct(exp.sharded.replicated)
-  k = exp.steps_per_dispatch
-  batches = batch if k == 1 else jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=exp.step_batch), batch)
-  return [("train step", exp.step, (state, batches, rng)), ("eval step", exp.eval, (state.params, batch, rng))]
+  return [("train step", exp.step, (state, batch(exp.step_batch, steps=exp.steps_per_dispatch), rng)),
+          ("eval step", exp.eval, (state.params, batch(exp.sharded.batch), rng))]
 
 
 def evaluate(exp: Experiment, params, batches, step: Callable | None = None) -> dict:

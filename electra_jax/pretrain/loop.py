@@ -1,7 +1,7 @@
 """The pre-training loop's own part: restore or init as the run's plan says (the input position included), batches
 from the input pipeline, logging with throughput, held-out evaluation; the shared loop (run/loop.py) runs the
 steps, checkpoints and preemption."""
-import concurrent.futures
+import functools
 import time
 from typing import Callable
 
@@ -49,14 +49,11 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
   train = exp.config.train
   ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
   state, saved, rng = restore_or_init(exp, ckpt, start)
-  if int(state.step) % exp.steps_per_dispatch:
-    raise ValueError(f"the run starts from step {int(state.step)}, not a multiple of train.steps_per_dispatch="
-                     f"{exp.steps_per_dispatch}: continue it with a train.steps_per_dispatch that divides "
-                     f"{int(state.step)}")
+  ckpt.check_start(int(state.step))
   body = PreTraining(exp, prepared, int(state.step), saved)
   checked()  # Every check passed: only now is anything written.
   writer = metrics_lib.Writer(workdir, int(state.step))
-  settings = loop_lib.Settings.of(train, train.num_steps, train.eval_every, exp.steps_per_dispatch)
+  settings = loop_lib.Settings.of(train, train.num_steps, train.eval_every)
   state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, settings, desc="pre-training", ckpt=ckpt, lock=lock,
                           writer=writer, clock=clock, closers=(body.train_iter.close,))
   return state
@@ -80,11 +77,7 @@ class PreTraining:
     self.t0 = self.last_time = time.time()
     self.last_step = start
     self.held_out = None  # the validation split's reader, from the first evaluation on
-    # The evaluation step, and the checks of each save (checkpoints.compile_checks), compiled now beside the first
-    # train step rather than at the first evaluation and save.
-    pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
-    self.ahead = pool.submit(compile_ahead, exp)
-    pool.shutdown(wait=False)
+    self.ahead = loop_lib.compile_ahead(functools.partial(experiment.compile_targets, exp), "eval step")
 
   def batch(self, step: int) -> dict[str, jax.Array]:
     del step  # the iterator is at it
@@ -113,15 +106,6 @@ class PreTraining:
   def extra(self) -> dict:
     """The input position, in global batches of train.batch_size."""
     return dict(position=self.train_iter.get_state(), batch_size=self.exp.config.train.batch_size)
-
-
-def compile_ahead(exp: experiment.Experiment):
-  """The evaluation step compiled for the experiment's shapes (experiment.compile_targets), and checkpoints'
-  checks of its state: what the first evaluation and save would otherwise compile on the spot (from the compilation
-  cache when it holds them)."""
-  checkpoints.compile_checks(exp.sharded.abstract())
-  (_, step, args), = [t for t in experiment.compile_targets(exp) if t[0] == "eval step"]
-  return step.lower(*args).compile()
 
 
 def host_function(fn: Callable) -> Callable[[int], float]:

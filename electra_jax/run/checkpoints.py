@@ -104,6 +104,14 @@ class Checkpointer:
   def latest_step(self):
     return self._manager.latest_step()
 
+  def check_start(self, step: int):
+    """A run continues from `step` (its restored or initial state's) only where the loop's dispatches of
+    train.steps_per_dispatch steps end, as its saves do: checked before anything is written."""
+    k = self.config.train.steps_per_dispatch
+    if step % k:
+      raise ValueError(f"the run starts from step {step}, not a multiple of train.steps_per_dispatch={k}: continue it "
+                       f"with a train.steps_per_dispatch that divides {step}")
+
   def newest_complete(self) -> str:
     """The newest complete checkpoint in words, as storage has it now (a save in flight is not one)."""
     try:

@@ -2,6 +2,7 @@
 checkpoints and closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its
 checkpoints carry."""
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import gc
@@ -222,9 +223,27 @@ class Settings:
   steps_per_dispatch: int = 1
 
   @classmethod
-  def of(cls, train, num_steps: int, eval_every: int, steps_per_dispatch: int = 1) -> "Settings":
+  def of(cls, train, num_steps: int, eval_every: int) -> "Settings":
     return cls(num_steps, train.log_every, eval_every, train.profile_steps, train.peer_timeout_s, train.max_bad_steps,
-               train.spike_factor, train.stop_on_spike, steps_per_dispatch)
+               train.spike_factor, train.stop_on_spike, train.steps_per_dispatch)
+
+
+def compile_ahead(targets: Callable[[], list], name: str) -> concurrent.futures.Future:
+  """The step `name` of `targets()` (a command's compile_targets: (name, jitted step, its arguments'
+  ShapeDtypeStructs), the train step first), and each save's checks of the train step's state, compiled in a thread
+  beside the first train step's compile rather than at the first evaluation and save (from the compilation cache when
+  it holds them). Returns the compiled step's future."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
+  compiled = pool.submit(_compile, targets, name)
+  pool.shutdown(wait=False)
+  return compiled
+
+
+def _compile(targets: Callable[[], list], name: str):
+  (_, _, (state, *_)), *others = targets()
+  checkpoints.compile_checks(state)
+  (_, step, args), = [t for t in others if t[0] == name]
+  return step.lower(*args).compile()
 
 
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settings: Settings, *, desc: str,
