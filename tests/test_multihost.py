@@ -27,9 +27,7 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The schedule of the other files' 8-step runs (tests/test_checkpoints.py, test_gcs.py): the one-process run's
-# train step is a program the shared compilation cache holds already.
-PRETRAIN = dict(num_steps=8, log_every=4, eval_every=8, checkpoint_every=8)
+PRETRAIN = dict(num_steps=6, log_every=3, eval_every=6, checkpoint_every=6)
 
 
 def _cmd(config, workdir):
