@@ -23,7 +23,8 @@ from tests import pretrain_cli
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10  # room after SIGTERM's stop (step 5 on a loaded machine) for the two faults' reruns to go on
+STEPS = 16  # room after SIGTERM's stop (step 5 on a loaded machine) for the two faults' reruns to go on: a kill in
+# the last save would leave the stall nothing to run
 TIMEOUT_S = 15  # a loaded 2-core CI machine can hold a heartbeat back for seconds
 FLAGS = (f"--config.train.num_steps={STEPS}", "--config.train.log_every=1", "--config.train.checkpoint_every=2",
          f"--config.train.eval_every={STEPS}", f"--config.train.peer_timeout_s={TIMEOUT_S}")

@@ -31,6 +31,7 @@ class Watchdog:
     """saved(): the newest complete checkpoint, in words. on_lost(): what to release before exiting (the lock)."""
     self.timeout_s, self.command, self._saved, self._on_lost = timeout_s, command, saved, on_lost
     self._stop = threading.Event()
+    self._ended = None  # DONE once the loop finished: what the heartbeat says from then on
 
   def __enter__(self):
     if jax.process_count() > 1 and self.timeout_s > 0:
@@ -47,21 +48,28 @@ class Watchdog:
   def __exit__(self, exc_type, exc, _):
     if not hasattr(self, "_client"):
       return
-    if exc_type is not None:
-      # Maybe a peer's loss seen from here, in whatever error wraps it (gloo's "Connection reset by peer" when a peer
-      # died, a save whose collectives were cut off): if a peer is lost, the judge ends the process with its line; the
-      # error is this process's own once every other process has shown a heartbeat since (or finished).
-      failed = time.monotonic()
-      while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
-             and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
+    if exc_type is None:
+      # Finished: says so, and waits, still watching, until every other process has too. One lost meanwhile (killed
+      # in the last save, after its part) ends this process in the judge's line, where jax.distributed's shutdown at
+      # exit would wait for it and then abort. The service outlives the wait: process 0's shutdown waits for all.
+      self._ended = DONE
+      while any(beat != DONE for beat, _ in self._seen.values()):
         time.sleep(PERIOD_S)
+      self._stop.set()
+      return
+    # Maybe a peer's loss seen from here, in whatever error wraps it (gloo's "Connection reset by peer" when a peer
+    # died, a save whose collectives were cut off): if a peer is lost, the judge ends the process with its line; the
+    # error is this process's own once every other process has shown a heartbeat since (or finished).
+    failed = time.monotonic()
+    while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
+           and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
+      time.sleep(PERIOD_S)
     self._stop.set()
-    # Finished: its silence from now on is no loss. Failed: the others end naming this error, not a silence.
-    beat = DONE if exc_type is None else FAILED + (" ".join(str(exc).split()) or exc_type.__name__)
-    try:
-      self._client.key_value_set(_key(jax.process_index()), beat, allow_overwrite=True)
+    try:  # the others end naming this error, not a silence
+      self._client.key_value_set(_key(jax.process_index()), FAILED + (" ".join(str(exc).split()) or
+                                                                      exc_type.__name__), allow_overwrite=True)
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("Could not tell the other processes that this one ended: %s", e)
+      logging.warning("Could not tell the other processes that this one failed: %s", e)
 
   def _publish(self):
     """Writes this process's heartbeat and reads everyone's, every PERIOD_S."""
@@ -69,7 +77,7 @@ class Watchdog:
     while not self._stop.wait(PERIOD_S):
       beat += 1
       with contextlib.suppress(Exception):  # the service, in process 0, is gone: the judge sees it
-        self._client.key_value_set(key, str(beat), allow_overwrite=True)
+        self._client.key_value_set(key, self._ended or str(beat), allow_overwrite=True)
         self._beats = dict(self._client.key_value_dir_get(PREFIX))
         self._answered = time.monotonic()
 
