@@ -178,12 +178,14 @@ def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optim
   """The TrainState of pre-training or fine-tuning on `mesh`. `init_params(rng)` returns parameters boxed with logical
   axis names (a Flax module's init); every leaf of the state is placed per RULES, and the flat update's weights
   (optimizer.flat) are laid out as the mesh splits them."""
+  if optimizer.flat and mesh.shape["fsdp"] > 1:  # set before the optimiser state's shapes are traced
+    params = jax.eval_shape(init_params, jax.random.key(0))
+    specs = jax.tree.leaves(tree_specs(params, mesh)[0], is_leaf=lambda s: isinstance(s, P))
+    optimizer.flat.fsdp = mesh.shape["fsdp"]
+    optimizer.flat.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
+
   def init_boxed(rng):
     params = init_params(rng)
-    if optimizer.flat and mesh.shape["fsdp"] > 1:
-      specs = jax.tree.leaves(tree_specs(params, mesh)[0], is_leaf=lambda s: isinstance(s, P))
-      optimizer.flat.fsdp = mesh.shape["fsdp"]
-      optimizer.flat.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
     return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.tx.init(params))
 
   boxed = jax.eval_shape(init_boxed, jax.random.key(0))
