@@ -1,9 +1,8 @@
 """ELECTRA's networks as Flax Linen modules: embeddings, BERT encoder, generator and discriminator heads.
 
-No training logic lives here. `Electra` owns every parameter of a run (both networks and their shared parts) and
-exposes one method per forward pass; objectives.py composes them. Parameter names follow HF transformers' ELECTRA so
-that export is a rename-free transpose.
-"""
+`Electra` owns every parameter of a run and exposes one method per forward pass (objectives.py composes them). Names
+follow HF transformers' ELECTRA, so export is a rename-free transpose. Several functions are written for fewer kernels
+on a GPU (docs/benchmarks.md, "Kernels of Small's step")."""
 import dataclasses
 import functools
 from typing import Optional
@@ -102,11 +101,9 @@ _ROWS_PER_KERNEL = 4096
 
 
 def sums_in_parts(*arrays) -> tuple:
-  """Each array of one shape summed over every axis but the last, in float32, as one reduction (one kernel on a GPU,
-  where separate sums are one each) to k partial sums of at most _ROWS_PER_KERNEL rows, which are then added
-  elementwise: XLA fuses the additions into the update that consumes the sums, where a second reduction would be a
-  kernel of its own. k divides the leading (batch) axis. On a mesh of several devices, which shard the batch, k is 1:
-  parts split over devices would be gathered to be added."""
+  """Each array of one shape summed over every axis but the last, in float32, as one reduction to k partial sums of
+  at most _ROWS_PER_KERNEL rows, added elementwise where XLA fuses them into the sums' consumer. k divides the batch
+  axis; on a mesh of several devices k is 1 (parts split over devices would be gathered to be added)."""
   batch, rows = arrays[0].shape[0], arrays[0].size // arrays[0].shape[-1]
   k = 1 if jax.sharding.get_abstract_mesh().size > 1 else next(
       (d for d in range(-(-rows // _ROWS_PER_KERNEL), batch + 1) if batch % d == 0), batch)
@@ -116,18 +113,16 @@ def sums_in_parts(*arrays) -> tuple:
 
 
 def column_sums(*arrays) -> tuple:
-  """Each array summed over every axis but the last, in float32: a bias's gradient. XLA:CPU runs a variadic
-  reduction several times slower than separate sums within a step, so the CPU sums each array itself."""
+  """Each array summed over every axis but the last, in float32 (a bias's gradient); separately on CPUs, where a
+  variadic reduction is slower."""
   return jax.lax.platform_dependent(
       *arrays, cpu=lambda *a: tuple(t.astype(jnp.float32).sum(tuple(range(t.ndim - 1))) for t in a),
       default=sums_in_parts)
 
 
 def matmul(x: jax.Array, weight: jax.Array, dtype, weight_axis: int = 0) -> jax.Array:
-  """x's last axis times `weight`'s axis `weight_axis`, in `dtype`. A float32 weight is rounded to a 16-bit dtype
-  inside the matmul (a dot algorithm) rather than by a cast of its own: the forward and backward matmuls share a
-  cast, so XLA:GPU cannot fold it into either and launches it as a kernel per weight and step. The same products as
-  casting first, added in float32."""
+  """x's last axis times `weight`'s axis `weight_axis`, in `dtype`: a float32 weight is rounded to 16 bits inside the
+  matmul (a dot algorithm), not by a cast that both passes would share, a GPU kernel per weight and step."""
   dims = (((x.ndim - 1,), (weight_axis,)), ((), ()))
   return jax.lax.dot_general(x.astype(dtype), weight, dims, precision=_ALGORITHMS.get(jnp.dtype(dtype)),
                              preferred_element_type=dtype)
@@ -150,8 +145,7 @@ class Dense(nn.Module):
     """x · kernel + bias; with add_bias=False, x · kernel and the bias apart (for `layer_norm` to add)."""
     kernel, bias = self.weights(x.shape[-1])
     y = matmul(x, kernel, self.dtype)
-    # The bias added in float32 and the sum rounded once: a rounded copy of the bias, which the forward and backward
-    # passes would share, is a kernel of its own on a GPU.
+    # The bias added in float32 and the sum rounded once: a rounded bias shared by both passes is a GPU kernel.
     return (y + bias).astype(self.dtype) if add_bias else (y, bias)
 
 
@@ -175,8 +169,7 @@ def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
 
 
 class Dropout(nn.Module):
-  """Inverted dropout with keep-masks drawn as 16-bit integers (rate exact to 1/65536): half the random bits of
-  nn.Dropout's 32-bit uniforms, a large share of a CPU step (docs/benchmarks.md)."""
+  """Inverted dropout with 16-bit keep-masks (_keep_mask): half the random bits of nn.Dropout's 32-bit uniforms."""
   rate: float
 
   @nn.compact
@@ -185,8 +178,7 @@ class Dropout(nn.Module):
 
 
 def _normalized(x: jax.Array, eps: float):
-  """(x - mean) / √(var + eps) over the last axis in float32, and 1 / √(var + eps), var the mean of (x - mean)² as
-  HF's LayerNorm computes it: two passes, each a reduction whose result XLA:GPU can broadcast within one kernel."""
+  """(x - mean) · rstd over the last axis in float32, and rstd = 1 / √(var + eps), var the mean of (x - mean)²."""
   x = x.astype(jnp.float32)
   centered = x - x.mean(-1, keepdims=True)
   rstd = jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + eps)
@@ -201,9 +193,8 @@ def _project(x, kernels, biases):
 @jax.custom_vjp
 def projections(x: jax.Array, kernels: tuple, biases: tuple) -> tuple:
   """x · kernel + bias for each kernel and bias (Q, K and V's), added in float32 and rounded to x's dtype, as one
-  matmul of the kernels side by side, whose result XLA:GPU splits in one kernel (separate matmuls, which it merges
-  itself, in one each). The backward pass is separate layers', the biases' gradients summed side by side in one
-  reduction (a joined kernel shared by both passes would be a kernel of its own)."""
+  matmul of the kernels side by side (split in one GPU kernel). The backward pass is separate layers', the biases'
+  gradients summed side by side in one reduction."""
   return _project(x, kernels, biases)
 
 
@@ -229,26 +220,21 @@ def _sum(x, h, h_bias, keep, rate):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def layer_norm(x, scale, bias, h, h_bias, keep, eps: float, rate: float):
   """nn.LayerNorm's function over the last axis of x + dropout(h + h_bias) (a post-LN layer's add & norm; x alone
-  when h is None), statistics in float32, the result in x's dtype, with a backward pass written out.
-
-  Both passes keep only their inputs and recompute the sum and its statistics, so that XLA:GPU makes the forward
-  pass one kernel (a sum or statistics kept for the backward pass are kernels of their own). The backward pass takes
-  one row-wise kernel for the inputs' gradients and one column reduction for the three parameters' (scale, bias and
-  h_bias: the preceding dense layer's bias) where autodiff takes one each."""
+  when h is None), statistics in float32, the result in x's dtype. Both passes keep only their inputs and recompute
+  the sum and its statistics, so that the forward pass is one GPU kernel; the backward pass takes one row-wise kernel
+  and one column reduction for scale, bias and h_bias (the preceding dense layer's bias)."""
   return _layer_norm_fwd(x, scale, bias, h, h_bias, keep, eps, rate)[0]
 
 
 def _layer_norm_fwd(x, scale, bias, h, h_bias, keep, eps, rate):
   x_hat, _ = _normalized(_sum(x, h, h_bias, keep, rate), eps)
-  # The barrier keeps XLA (which may skip a round trip through a narrower dtype) from handing the next layer the
-  # float32 result beside the rounded one: a second output, so a second kernel.
+  # The barrier keeps XLA from handing the next layer the float32 result beside the rounded one (a second kernel).
   return jax.lax.optimization_barrier((x_hat * scale + bias).astype(x.dtype)), (x, scale, h, h_bias, keep)
 
 
 def _layer_norm_bwd(eps, rate, residuals, grad):
   x, scale, h, h_bias, keep = residuals
-  # The barrier keeps XLA from sharing the recomputed sum and statistics with the forward pass's (CSE), which would
-  # make them outputs of its kernel.
+  # The barrier keeps XLA from sharing (CSE) the recomputed sum and statistics with the forward pass's kernel.
   x, h, keep = jax.lax.optimization_barrier((x, h, keep))
   x_hat, rstd = _normalized(_sum(x, h, h_bias, keep, rate), eps)
   grad = grad.astype(jnp.float32)
@@ -286,9 +272,8 @@ def _layer_norm(config: ModelConfig, axis_name: str, name: str = "LayerNorm") ->
 
 
 def one_hot_lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
-  """table[ids] (float32) as a matmul of one-hot rows in `dtype` with the table, whose gradient is a matmul where the
-  gather's is a scatter-add: the official ELECTRA code's lookup on TPUs (use_one_hot_embeddings; off by default, as
-  it costs more than the gather there: docs/tpu.md). Equal to the gather in float32; rounded in bfloat16."""
+  """table[ids] as a matmul of one-hot rows in `dtype` (its gradient a matmul, not a scatter-add): the official
+  code's TPU lookup (use_one_hot_embeddings; costlier there: docs/tpu.md). Exact in float32, rounded in bfloat16."""
   one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=dtype)
   return jnp.einsum("...v,ve->...e", one_hot, table.astype(dtype), precision=EXACT, preferred_element_type=jnp.float32)
 
@@ -300,11 +285,8 @@ def select_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 class Embeddings(nn.Module):
-  """word + position + token-type embeddings → LayerNorm → dropout, at the embedding size.
-
-  With `gdes_base` (DeBERTa-v3's gradient-disentangled sharing) the word table is stop_gradient(base) plus a
-  zero-initialised delta, so the discriminator's loss never reaches the generator's table.
-  """
+  """word + position + token-type embeddings → LayerNorm → dropout, at the embedding size. With `gdes_base`
+  (DeBERTa-v3's gradient-disentangled sharing) the word table is stop_gradient(base) + a zero-initialised delta."""
   config: ModelConfig
   gdes_delta: bool = False
 
@@ -339,9 +321,8 @@ class Embeddings(nn.Module):
 
 
 def fused_kernel(dtype) -> str | None:
-  """jax.nn.dot_product_attention's implementation for "fused": "cudnn" where cuDNN's flash attention runs (an
-  NVIDIA GPU, 16-bit inputs), else None (JAX's XLA lowering). The device is the mesh's a step is traced for (which
-  electra-compile's GPUs are, from a CPU host), else this host's."""
+  """jax.nn.dot_product_attention's implementation: "cudnn" on an NVIDIA GPU with 16-bit inputs, else None (XLA's).
+  The device is the traced mesh's (electra-compile's GPUs, from a CPU host), else this host's."""
   device = jax.sharding.get_abstract_mesh().abstract_device or jax.devices()[0]
   nvidia = device.platform == "gpu" and "NVIDIA" in device.device_kind
   return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
@@ -357,9 +338,8 @@ def _masked_scores(q, k, mask):
 
 
 def _logsumexp(scores: jax.Array) -> jax.Array:
-  """log Σ exp(scores) over the last axis, in float32, from the row's max and the sum of exponentials below it. (One
-  reduction that adds in log space fuses into the scores' matmul and read the scores once where these read them
-  twice, but libtpu 0.0.42's compiler crashes on it for every TPU after v3.)"""
+  """log Σ exp(scores) over the last axis, in float32, from the row's max and the sum of exponentials below it (a
+  one-pass reduction in log space crashes libtpu's compiler: docs/tpu.md)."""
   s = scores.astype(jnp.float32)
   top = s.max(-1, keepdims=True)
   return top + jnp.log(jnp.exp(s - top).sum(-1, keepdims=True))
@@ -367,13 +347,10 @@ def _logsumexp(scores: jax.Array) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
-  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keep-masks from `rng`, as
-  Dropout draws them; none when rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key].
-
-  Softmax's probabilities come from the scores and their log-sum-exp per row, and the backward pass keeps only
-  q, k, v, the output and that log-sum-exp (flash attention's recompute, in XLA ops): it recomputes the scores and the
-  dropout masks from the same key, with fewer passes over the [B, H, L, L] arrays than softmax's autodiff
-  (docs/tpu.md). In float32 the outputs and gradients equal jax.nn.softmax's attention to rounding."""
+  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keep-masks from `rng`;
+  none when rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key]. The backward pass
+  keeps only q, k, v, the output and the rows' log-sum-exp and recomputes the scores and dropout masks (flash
+  attention's recompute, in XLA ops: fewer passes over [B, H, L, L] than softmax's autodiff, docs/tpu.md)."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
 
 
@@ -401,11 +378,9 @@ attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a padding mask; Q, K, V separate layers as HF lays them out, projected together by
-  `projections`. attention_impl "einsum" calls `attention`; "fused" jax.nn.dot_product_attention (same parameters
-  and math, no dropout) with the trailing padding as key lengths: cuDNN flash attention on NVIDIA GPUs in 16-bit
-  compute (`fused_kernel`), XLA's lowering elsewhere. Returns the output layer's product and its bias apart, for the
-  layer's add & norm (`layer_norm`) to add."""
+  """Multi-head self-attention with a padding mask; Q, K, V separate layers as HF's, projected by `projections`.
+  attention_impl "einsum" calls `attention`; "fused" jax.nn.dot_product_attention (no dropout; `fused_kernel`) with
+  the trailing padding as key lengths. Returns the output layer's product and its bias apart, for `layer_norm`."""
   config: ModelConfig
   encoder: EncoderConfig
 
@@ -436,8 +411,7 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool, dropout_key: Optional[jax.Array] = None):
-    """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once: on a GPU
-    each draw also launches kernels for its key and counters."""
+    """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once."""
     c, e = self.config, self.encoder
     keep = [None] * 2 if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate)
     h, bias = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
@@ -459,7 +433,7 @@ class Encoder(nn.Module):
     x = embedded
     if c.embedding_size != e.hidden_size:
       x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
-    # The layers' dropout keys split from one (one kernel on a GPU, where each layer's fold-in was two).
+    # Every layer's dropout key split at once: one GPU kernel.
     keys = None
     if not deterministic and c.dropout_rate > 0.0:
       keys = jax.random.split(self.make_rng("dropout"), e.num_layers)
@@ -473,10 +447,9 @@ class Encoder(nn.Module):
 
 
 def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, dropout_keys):
-  """The layers as one lax.scan over their parameters stacked inside the step: XLA compiles one layer instead of
-  num_layers copies, while the parameters (checkpoints, exports) keep their per-layer names layer_0, layer_1, ...
-  Each layer draws its dropout masks from its key of `dropout_keys`, as the unrolled layers do; its attention-dropout
-  key is split from the encoder's, so that stream differs from the unrolled layers'."""
+  """The layers as one lax.scan over their parameters stacked inside the step (one layer compiled; the parameters
+  keep their names layer_0, layer_1, ...). Dropout masks come from `dropout_keys` as unrolled; the attention-dropout
+  keys are split from `rng`, so that stream differs from the unrolled layers'."""
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
   keys = None if rng is None else jax.random.split(rng, e.num_layers)
   layer = EncoderLayer(c, e)
@@ -524,17 +497,13 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 class Electra(nn.Module):
-  """Every parameter of an ELECTRA run, with one method per forward pass.
-
-  Parameter tree by embedding_sharing (the networks are `Encoder`s, the heads sit beside them):
+  """Every parameter of an ELECTRA run, with one method per forward pass. Parameter tree by embedding_sharing:
     shared: embeddings, generator, discriminator   (one embedding block serves both networks)
     untied: generator_embeddings, discriminator_embeddings, generator, discriminator
     gdes:   as untied, with discriminator_embeddings/word_embeddings_delta in place of its own word table
     all:    embeddings, discriminator              (the generator *is* the discriminator's encoder)
-  plus generator_head (MLM), discriminator_head (replaced-token) and, when an objective trains the discriminator as
-  a masked LM (mlm, replace_mlm, all_tokens_mlm), discriminator_mlm_head. Only what a method uses is created at init
-  (objectives.py says which methods each objective's init runs), so objective=mlm carries no generator.
-  """
+  plus generator_head, discriminator_head and discriminator_mlm_head (D as a masked LM). Init creates only what the
+  methods it runs use (objectives.py picks them per objective), so objective=mlm carries no generator."""
   config: ModelConfig
 
   def setup(self):
