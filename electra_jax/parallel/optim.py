@@ -2,15 +2,12 @@
 ε=1e-6) with decoupled weight decay 0.01 except on LayerNorm and biases and global-norm clipping at 1.0:
 
   adamw     optax's AdamW: bias-corrected Adam, a linear warm-up that hands over to a linear decay to 0;
-  official  the official ELECTRA code's (model/optimization.py): Adam without bias correction
-            (AdamWeightDecayOptimizer) and lr = peak · min(1, step / warmup) · (1 - step / total)^1, the warm-up
-            factor multiplying a decay that starts at step 0.
+  official  the official ELECTRA code's (model/optimization.py): Adam without bias correction and
+            lr = peak · min(1, step / warmup) · (1 - step / total), the warm-up factor times a decay from step 0.
 
-Either can run clipping and Adam over flat vectors of all weights (train.flat_update, on GPUs and CPUs; FlatLayout):
-one reduction for the global norm and a few kernels for Adam over all weights, where per array an encoder takes
-hundreds (on a GPU each is a launch). Over fsdp each device's shards are one row of a matrix split the same way, so
-no data moves. The moments are then flat in the checkpoint (checkpoints.py names the switch when layouts differ).
-Recipe (a run's train section, frozen) and build make the optimiser; layer-wise rates are an option of it.
+Either can run clipping and Adam over flat vectors of all weights (train.flat_update, GPUs and CPUs; FlatLayout): a
+few kernels where per array an encoder takes hundreds; the moments are then flat in the checkpoint. Recipe (a run's
+train section, frozen) and build make the optimiser; layer-wise rates are an option of it.
 """
 import dataclasses
 import re
@@ -52,9 +49,8 @@ def decay_mask(params):
 
 
 def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-  """Adam's direction m / (√v + ε) without bias correction, as the official AdamWeightDecayOptimizer (optax's
-  scale_by_adam always corrects). Its state is optax's ScaleByAdamState, as scale_by_adam's: one layout for both
-  recipes (Optimizer.restart finds it)."""
+  """Adam's direction m / (√v + ε) without bias correction, as the official AdamWeightDecayOptimizer, in optax's
+  ScaleByAdamState as scale_by_adam's: one layout for both recipes (Optimizer.restart finds it)."""
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
@@ -70,10 +66,9 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
 
 class FlatLayout:
   """Where each weight array goes in the flat update: an array the mesh splits over fsdp into its rows of one
-  [fsdp, n] matrix, row k the shard device k holds (whichever dimension is split), laid out as the mesh splits it;
-  every other array into one vector, whole on each device. Without a split (one device, mesh.fsdp 1) the vector alone,
-  as optax.flatten lays it out. The state's init lays it out on its mesh (sharding.create_state sets `fsdp` and
-  `split` from the weights' shardings) before the optimiser's init; later inits and updates take the same layout."""
+  [fsdp, n] matrix split the same way (row k: device k's shard), so no data moves; every other array into one vector,
+  whole on each device (alone without fsdp, as optax.flatten lays it out). sharding.create_state sets `fsdp` and
+  `split` from the weights' shardings before the optimiser's init."""
 
   def __init__(self):
     self.fsdp = 1  # the mesh's fsdp size: over 1, the arrays it splits go in the matrix
@@ -94,9 +89,8 @@ class FlatLayout:
     return (nn.LogicallyPartitioned(matrix, ("shards", None)) if boxed else matrix), whole
 
   def gradient(self, tree):
-    """flatten(tree) behind an optimisation barrier, as the clipping and the grad_norm metric both take it (one
-    reduction for both): without it XLA splits a reduction over the concatenation back into one per array, hundreds
-    of small kernels."""
+    """flatten(tree) behind an optimisation barrier (the clipping's and grad_norm's, one reduction): without it XLA
+    splits a reduction over the concatenation back into one per array."""
     return jax.lax.optimization_barrier(self.flatten(tree))
 
   def unflatten(self, flat, like):
@@ -137,10 +131,8 @@ def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.Gr
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-  """The optimiser of one run, from the config's train section (pre-training's or fine-tuning's): train.optimizer's
-  recipe over `total_steps` with `warmup_steps` of warm-up, flat where train.flat_update asks (flat_update), and, with
-  a `layer_decay`, each weight's update scaled by its layer's rate (lr_multiplier: fine-tuning's encoder of
-  `num_layers` layers)."""
+  """The optimiser of one run, from its train section: train.optimizer's recipe over `total_steps`, flat where
+  `flat_update`, and with a `layer_decay` each weight's update scaled by its layer's rate (lr_multiplier)."""
   optimizer: str
   learning_rate: float
   warmup_steps: float

@@ -36,10 +36,9 @@ class Update:
 
 def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Callable) -> tuple[TrainState, dict]:
   """`state` after one update by the gradient of loss_fn(params, micro_batch, rows, rng, [stage=]) -> (loss, metrics)
-  over `batch`: `rng` is the step's (folded with its number) for every micro-batch; `rows` ([B/k]) index the
-  micro-batch's rows in `batch`, which a row's random draws key on, so that they do not depend on k. Applied only
-  where the loss and the gradient's norm are finite (as optax's apply_if_finite; two scalars the update computes
-  anyway): otherwise the state stays. Metrics: the loss's, loss, grad_norm and skipped (1: not applied)."""
+  over `batch`, `rng` folded with the step's number; `rows` ([B/k]) index the micro-batch's rows in `batch`, which
+  their random draws key on (so that k changes none). Applied only where the loss and the gradient's norm are finite
+  (as optax's apply_if_finite). Metrics: the loss's, loss, grad_norm and skipped (1: not applied)."""
   opt, stages = update.optimizer, update.stages
   step_rng = jax.random.fold_in(rng, state.step)
   params, opt_state = state.params, state.opt_state
@@ -79,11 +78,9 @@ def _where(condition, new, old):
 
 
 def gradients(loss_and_grad, batch, k: int, summed=()):
-  """loss_and_grad(micro_batch, rows) -> ((loss, metrics), grads) over k micro-batches of `batch` (a tree of [B, ...]
-  arrays), returned as one batch's: loss, metrics and gradients are the micro-batches' means, except the metrics
-  named in `summed` (counts), which add up. Each micro-batch's loss is its own mean: micro-batches weigh equally.
-  Micro-batch j holds the rows r with r % k == j: with the batch split over devices in blocks of a multiple of k rows
-  (sharding.check_batch), each device keeps its own rows and no data moves."""
+  """loss_and_grad(micro_batch, rows) -> ((loss, metrics), grads) over k micro-batches of `batch`, as one batch's:
+  the micro-batches' means (each weighs equally), except the metrics in `summed` (counts), which add up. Micro-batch
+  j holds the rows r with r % k == j, so each device keeps its own rows (sharding.check_batch): no data moves."""
   n = jax.tree.leaves(batch)[0].shape[0] // k
   if k == 1:
     return loss_and_grad(batch, jnp.arange(n))
