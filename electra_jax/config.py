@@ -1,15 +1,10 @@
-"""The config schema: every key a run may set, with defaults (files in configs/ start from `base()`), and how a saved
-config is read back onto it.
+"""The config schema: every key a run may set, with defaults (files in configs/ start from `base()`), each overridable
+from the command line (`--config.train.batch_size=64`) and locked, so a misspelt key fails loudly.
 
-Every key is overridable from the command line (`--config.train.batch_size=64`); the dict is locked, so a misspelt
-key fails loudly instead of being silently added.
-
-A config saved with a run (a workdir's or a params export's config.json) is migrated once, where it is loaded
-(`from_saved`), so code below the entrance reads plain fields: it is merged onto today's schema; a key it lacks (added
-since) takes the value that reproduces how runs ran before the key existed (BEFORE_KEY), else today's default; a key
-today's schema no longer has is dropped with a warning, since no code reads it. `version` notes the schema version it
-was saved under (1: saved before the field existed); a change of a key's meaning bumps VERSION, and `from_saved`
-translates the older versions.
+A saved config (a workdir's or an export's config.json) is migrated once, where it is loaded (`from_saved`), so code
+below the entrance reads plain fields: merged onto today's schema, a key it lacks takes the value that reproduces runs
+from before the key (BEFORE_KEY), else today's default; a key the schema no longer has is dropped with a warning.
+`version` notes the schema it was saved under (1: before the field); a change of a key's meaning bumps VERSION.
 """
 import json
 
@@ -20,9 +15,8 @@ VERSION = 2
 # Keys added since version 1 whose default differs from what runs did before the key existed.
 BEFORE_KEY = {"train.flat_update": False}
 
-# Keys that may change when a workdir resumes: length, logging and checkpoint cadence, the divergence guard's limits,
-# layout and memory (mesh, remat, micro-batches), locations, fine-tuning's overwrite (which only acts on another run)
-# and the schema version. Any other difference means another run, which resuming would silently mix in.
+# Keys that may change when a workdir resumes (cadences, guard limits, layout and memory, locations, the schema's
+# version); any other difference means another run, which resuming would silently mix in.
 RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.debug_nan_at_step", "train.profile_steps",
                   "train.peer_timeout_s", "train.max_bad_steps", "train.spike_factor", "train.stop_on_spike",
@@ -30,8 +24,7 @@ RESUMABLE_KEYS = ("train.num_steps", "train.log_every", "train.eval_every", "tra
                   "train.stable_batch_buffers",
                   "data.data_dir", "data.num_workers", "overwrite", "version")
 
-# Transformer sizes from the paper (Clark et al. 2020, Table 6 / official configure_pretraining.py), and "tiny" for
-# tests and smoke runs: one layer, since compiling and tracing a step grow with depth.
+# The paper's sizes (Clark et al. 2020, Table 6), and "tiny" (one layer) for tests and smoke runs.
 SIZES = {
     #        layers hidden heads  ffn   embedding  generator fraction
     "tiny": (1, 64, 2, 128, 32, 0.5),
@@ -52,9 +45,8 @@ CADENCES = ("num_steps", "eval_every", "log_every", "checkpoint_every")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
-  """Raises a one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor
-  >= 0 (the loop's guard), and the loop's CADENCES are multiples of train.steps_per_dispatch (0, a cadence the loop
-  chooses itself, passes)."""
+  """A one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor >= 0,
+  and the loop's CADENCES are multiples of train.steps_per_dispatch."""
   for key in (*counts, *COUNTS):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")
@@ -80,10 +72,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
       dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
       attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
-      # The encoder layers as one lax.scan (one layer compiled; the same parameter names); may take more memory.
-      scan_layers=False,
-      # Words looked up as a one-hot matmul (the official TPU path): equal, costlier by the v3 cost model (docs/tpu.md).
-      one_hot_embeddings=False,
+      scan_layers=False,  # the encoder layers as one lax.scan (one layer compiled); may take more memory
+      one_hot_embeddings=False,  # words looked up as a one-hot matmul (the official TPU path; docs/tpu.md)
   ))
 
 
@@ -97,20 +87,14 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       disc_weight=50.0,
       temperature=1.0,
       embedding_sharing="shared",  # shared | untied | all | gdes
-      # two_stage: the fraction of train.num_steps that trains G alone before D starts from G.
-      two_stage_fraction=0.5,
-      # Mask whole words within the same budget of tokens, as BERT's whole-word masking (docs/pretraining_features.md).
-      whole_word_masking=False,
+      two_stage_fraction=0.5,  # two_stage: the fraction of train.num_steps that trains G alone
+      whole_word_masking=False,  # whole words within the same token budget (docs/pretraining_features.md)
   ))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=1_000_000,
       batch_size=128,  # global, across all hosts and devices
-      # Micro-batches a step (batch_size / k rows each, one after another: less activation memory), one update; each
-      # micro-batch's loss is its own mean, so they weigh equally (docs/pretraining_features.md).
-      grad_accum_steps=1,
-      # adamw (optax's bias-corrected AdamW, warm-up handing over to the decay) | official (the official ELECTRA
-      # code's: Adam without bias correction, warm-up factor times a decay from step 0); optim.py has both.
-      optimizer="adamw",
+      grad_accum_steps=1,  # micro-batches a step, one update: less activation memory (docs/pretraining_features.md)
+      optimizer="adamw",  # adamw | official (the official code's: Adam without bias correction); optim.py
       # Clipping and Adam over flat vectors of all weights on GPUs and CPUs (not TPUs): fewer kernels, the same update;
       # the optimiser state's layout differs, so a run resumes with the value and mesh.fsdp it started with (optim.py).
       flat_update=True,
@@ -127,8 +111,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       eval_batches=10,
       checkpoint_every=5000,
       keep_checkpoints=3,
-      # With several processes: end the run in one line once one has given no sign of life this long; 0 = never.
-      peer_timeout_s=60,
+      peer_timeout_s=60,  # several processes: end the run once one has given no sign of life this long; 0 = never
       # Weights that start the run instead of random init (an HF ELECTRA directory, a pre-training workdir or a params
       # export; ignored once the workdir has a checkpoint), whose tokenizer the run takes unless data.tokenizer is set.
       init_from="",
@@ -136,24 +119,17 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       init_from_generator="",
       # A workdir init_from's optimiser state and step too: a second phase (docs/pretraining_features.md).
       init_from_state=False,
-      # Steps after the first traced with jax.profiler into <workdir>/tensorboard; 0 = none.
-      profile_steps=0,
-      # Non-finite steps are not applied; this many in a row stop the run (loop.Guard).
-      max_bad_steps=5,
+      profile_steps=0,  # steps after the first traced with jax.profiler into <workdir>/tensorboard; 0 = none
+      max_bad_steps=5,  # non-finite steps are not applied; this many in a row stop the run (loop.Guard)
       # A loss above spike_factor times the recent median is reported (0: never); stop_on_spike also stops the run.
       spike_factor=10.0,
       stop_on_spike=False,
-      # Steps in one jitted call (docs/pretraining_features.md); the run's cadences must be multiples of it.
-      steps_per_dispatch=1,
-      # Each dispatch's batch written into the same device buffers (input_pipeline.OnDevice): a GPU step's command
-      # buffer then finds its input where it was (docs/pretraining_features.md).
-      stable_batch_buffers=False,
+      steps_per_dispatch=1,  # steps in one jitted call; cadences are multiples of it (docs/pretraining_features.md)
+      stable_batch_buffers=False,  # each batch in the same device buffers, where a GPU step's command buffer reads
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(
-      # Comma-separated globs of plain text and task files (their text_field, text_b_field columns), task:NAME, or
-      # corpus:sotu (docs/data.md).
-      text_files="",
+      text_files="",  # comma-separated globs of text and task files, task:NAME, or corpus:sotu (docs/data.md)
       text_field="text",
       text_b_field="",
       tfds_name="",  # a TFDS text dataset, e.g. "wikipedia/20230601.en" (prepared under data_dir or gs://)
@@ -173,8 +149,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1,  # -1: all devices not used by fsdp
-      # Devices that split the weights and optimiser state as well as the batch; -1: all not used by data. The TPU
-      # configs take a whole slice (data=1, fsdp=-1; docs/tpu.md); over several slices or GPU nodes set data to those.
+      # Devices that split the weights and optimiser state as well as the batch; -1: all not used by data (docs/tpu.md).
       fsdp=1,
   ))
   c.lock()
