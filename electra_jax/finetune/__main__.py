@@ -10,19 +10,15 @@
   electra-finetune --config=configs/finetune/qa.py --config.task.train_file=train.json --config.init_from=... \
       --workdir=...  # extractive QA: SQuAD v1.1 JSON
 
-Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory (ours from
-electra-export, or a released one with its vocab.txt), or random init when init_from is empty (config.model's sizes,
-config.tokenizer). Task data: local or gs:// JSONL/CSV/TSV files (task.train_file, eval_file, test_file and their
-fields), a TFDS dataset prepared locally (task.tfds_name) or a built-in task (task.name, data/task_rows.py); without
-an eval source a seeded task.eval_fraction of the training rows is held out, and a dev fold (task.dev_fraction)
-chooses the model and stops the run early. The model is ELECTRA's head on the discriminator, trained with AdamW,
-warm-up then linear decay and layer-wise LR decay for task.num_epochs but at least train.min_steps updates.
+Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory, or random
+init when init_from is empty. Task data: JSONL/CSV/TSV files (local or gs://), a local TFDS dataset or a built-in task;
+without eval rows a seeded task.eval_fraction of the training rows is held out, and a dev fold (task.dev_fraction)
+chooses the model and stops the run early.
 
 The workdir receives config.json, plan.json, metrics.jsonl, tensorboard/, checkpoints/ (SIGTERM/Ctrl-C save and exit
-0: the same command resumes), best/ (the model selected on the dev fold, an HF directory), predictions_*.jsonl and,
-last, eval_results.json. A workdir holding a run of another config is refused unless --config.overwrite=true; one
-that another run is writing, or that is, holds or lies inside what this run reads, in any case. docs/finetuning.md
-and docs/finetune_workdir.md say more.
+0: the same command resumes), best/ (an HF directory), predictions_*.jsonl and, last, eval_results.json. A workdir
+holding another config's run is refused unless --config.overwrite=true; one another run is writing, or that is, holds
+or lies inside what this run reads, always (docs/finetune_workdir.md).
 """
 import json
 
@@ -47,7 +43,7 @@ def define_flags():
 def main(config, workdir, seeds, learning_rates):
   rates = [_number(float, "learning_rates", r) for r in learning_rates]
   seeds = [_number(int, "seeds", s) for s in seeds]
-  # The library only now: flags and config are checked without it, in a fraction of a second.
+  # The library only now: flags and config are checked without it.
   from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top
   from electra_jax.runtime import startup
   startup.initialize(config.train.peer_timeout_s)

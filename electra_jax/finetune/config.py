@@ -55,42 +55,27 @@ def base_config() -> ml_collections.ConfigDict:
   ))
   c.train = ml_collections.ConfigDict(dict(
       batch_size=32,  # global
-      # Micro-batches per step (batch_size / k rows each, one after another): the same update in less memory (a
-      # token task's loss is each micro-batch's mean over its tagged pieces, so micro-batches weigh alike).
-      grad_accum_steps=1,
-      # Steps in one jitted call, as pre-training's; log_every, eval_every and checkpoint_every must be multiples of
-      # it, and the run's length and its chosen eval_every are rounded up to multiples.
-      steps_per_dispatch=1,
+      grad_accum_steps=1,  # micro-batches a step, one after another: the same update in less memory
+      steps_per_dispatch=1,  # steps in one jitted call; log, eval and checkpoint intervals: multiples of it
       eval_batch_size=64,
-      # Peak rate; 0 = the paper's for the encoder's width: 3e-4 (Small: hidden <= 256), 1e-4 (Base: <= 768), else
-      # 5e-5 (Large).
-      learning_rate=0.0,
-      # Layer-wise LR decay; 0 = by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large),
-      # off (1.0) for shallower encoders.
-      layer_decay=0.0,
-      # Updates at least, whatever the data's size: a few hundred leave a classifier at the majority class.
-      min_steps=1000,
-      # With a dev fold, stop once this many evaluations past min_steps have not beaten the best; 0 = never.
-      patience=3,
-      # Re-initialise the top k encoder layers from train.seed, as Zhang et al. (ICLR 2021) do (docs/finetuning.md).
-      reinit_layers=0,
+      learning_rate=0.0,  # peak; 0 = the paper's for the width: 3e-4 (hidden <= 256), 1e-4 (<= 768), else 5e-5
+      layer_decay=0.0,  # layer-wise LR decay; 0 = by depth: 0.8 for 12 to 23 layers, 0.9 from 24, else off (1.0)
+      min_steps=1000,  # updates at least: a few hundred leave a classifier at the majority class
+      patience=3,  # with a dev fold, stop once this many evaluations past min_steps did not beat the best; 0 = never
+      reinit_layers=0,  # the top k encoder layers re-initialised from train.seed (Zhang et al., ICLR 2021)
       warmup_fraction=0.1,
       dropout_rate=0.1,
       seed=0,
       log_every=50,
-      # Evaluate every N steps and at the end; 0 = with a dev fold, every epoch or every 5% of the steps, whichever
-      # is longer; without one, at the end only.
-      eval_every=0,
+      eval_every=0,  # and at the end; 0 = with a dev fold every epoch or 5% of the steps (the longer), else at the end
       checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)
       keep_checkpoints=1,
       peer_timeout_s=pretrain.train.peer_timeout_s,  # as pre-training's: a lost process ends the run in one line
       profile_steps=0,  # as pre-training's: a jax.profiler trace of this many steps into <workdir>/tensorboard
       max_bad_steps=pretrain.train.max_bad_steps,  # as pre-training's: non-finite steps are not applied
-      # No loss-spike warning by default: late in fine-tuning one hard batch is many times the near-0 median.
-      spike_factor=0.0,
+      spike_factor=0.0,  # no loss-spike warning: late in fine-tuning one hard batch is many times the near-0 median
       stop_on_spike=False,
-      # The optimiser (train.optimizer: adamw | official, optim.py) and its recipe (weight decay, betas, epsilon,
-      # clipping) are pre-training's.
+      # The optimiser (train.optimizer: adamw | official), weight decay, betas, epsilon and clipping: pre-training's.
       **{k: pretrain.train[k] for k in ("optimizer", "flat_update", "weight_decay", "adam_b1", "adam_b2",
                                            "adam_eps", "clip_norm")},
   ))

@@ -1,10 +1,6 @@
-"""What a fine-tuning config compiles, before anything is written: the encoder's weights (load_source), the task's
-splits and head (heads.py), the model and optimiser, the train step (the head's loss under parallel/update.py's
-update) and its jit (sharding.Sharded), and which training rows each step takes.
-
-The batch of step i is a pure function of (train.seed, i) (one seeded permutation per epoch) and the dropout rng is
-folded with the step, so a run resumed from a checkpoint ends as an uninterrupted one does.
-"""
+"""What a fine-tuning config compiles, before anything is written: the encoder's weights, the task's splits and head,
+the model, optimiser and jitted steps, and each step's rows: a pure function of (train.seed, step), as its dropout rng
+is, so a run resumed from a checkpoint ends as an uninterrupted one does."""
 import dataclasses
 import functools
 import math
@@ -19,7 +15,7 @@ from electra_jax import config as config_lib
 from electra_jax.data import input_pipeline
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.finetune import tasks
-from electra_jax.finetune.heads import Head, load_task, Split
+from electra_jax.finetune.heads import Head, head_type, Split
 from electra_jax.hf import convert as hf_convert
 from electra_jax.model import modeling
 from electra_jax.parallel import aot, optim, sharding
@@ -28,8 +24,7 @@ from electra_jax.run import sources, weights
 
 
 def train_loss(params, batch, rows, rng, *, model, loss):
-  """The head's `loss` of the rows `rows` of a batch, dropout keyed on the step's `rng` folded with its first row:
-  what update.step takes the gradient of."""
+  """The head's `loss` of a batch, dropout keyed on the step's `rng` folded with its first row (of `rows`)."""
   outputs = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], deterministic=False,
                         rngs={"dropout": jax.random.fold_in(rng, rows[0])})
   return loss(outputs, batch), {}
@@ -48,8 +43,7 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
 
 
 def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
-  """train.learning_rate, or when 0 the paper's fine-tuning rate for the encoder's width: Small (256) 3e-4, Base (768)
-  1e-4, Large (1024) 5e-5; narrower encoders take Small's, as higher rates stalled them (docs/finetuning.md)."""
+  """train.learning_rate, or when 0 the paper's for the encoder's width (docs/finetuning.md, "The recipe")."""
   if configured:
     return configured
   hidden = mc.discriminator.hidden_size
@@ -57,8 +51,7 @@ def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
 
 
 def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
-  """train.layer_decay, or when 0 by depth: the paper's 0.8 for 12 to 23 layers (Small, Base), 0.9 from 24 (Large);
-  off for shallower encoders than the paper's, whose lower layers must move (docs/finetuning.md)."""
+  """train.layer_decay, or when 0 the paper's for the encoder's depth (docs/finetuning.md, "The recipe")."""
   if configured:
     return configured
   layers = mc.discriminator.num_layers
@@ -66,18 +59,16 @@ def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
 
 
 def recipe(train: ml_collections.ConfigDict, num_steps: int, num_layers: int) -> optim.Recipe:
-  """train.optimizer's recipe with a warm-up over train.warmup_fraction of num_steps, flat where train.flat_update
-  asks, and layer-wise LR decay over the encoder's `num_layers` (train.learning_rate and train.layer_decay as they
-  are: build_steps resolves them)."""
+  """train.optimizer's recipe, warmed up over train.warmup_fraction of num_steps, with layer-wise LR decay over
+  `num_layers` (the rate and decay as configured: build_steps resolves them)."""
   return optim.Recipe(**{k: train[k] for k in optim.Recipe.KEYS}, warmup_steps=train.warmup_fraction * num_steps,
                       total_steps=num_steps, layer_decay=train.layer_decay, num_layers=num_layers)
 
 
 def load_source(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer: str, with_params: bool = True):
-  """(the pre-training model's ModelConfig, its discriminator's encoder in the Classifier's layout as host arrays,
-  its effective embeddings with gdes folded in, or None) of a run's plan: init's (its architecture alone under
-  random_init or without `with_params`: no checkpoint read), or for random init (None) config.model's sizes with
-  `tokenizer`'s vocabulary."""
+  """(the ModelConfig, the discriminator's encoder and embeddings (gdes folded in) in the Classifier's layout as host
+  arrays, or None under random_init or without `with_params`) of `init`; of config.model's sizes and `tokenizer`'s
+  vocabulary where `init` is None (random init)."""
   if init is not None:
     source = weights.read(init, ft.init_step or None, with_params=with_params and not ft.random_init)
     config, params = source.config, source.params
@@ -150,16 +141,15 @@ class Setup(Steps):
 
 def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, tokenizer_path: str,
                fresh: bool = True) -> Setup:
-  """What `ft` builds (the data read and encoded, the model, its jitted step) from its plan's parts: the weights it
-  starts from (`init`; None: random init of config.model's sizes), the tokenizer, and whether the run starts afresh
-  (a resumed run reads init's architecture alone); nothing is written."""
+  """What `ft` builds from its plan's parts (`init`: None for random init; `fresh`: else a resumed run reads init's
+  architecture alone): the data read and encoded, the model, its jitted steps; nothing is written."""
   src_mc, encoder = load_source(ft, init, tokenizer_path, with_params=fresh)
   tok = tokenizer_lib.Tokenizer(tokenizer_path)
   if tok.vocab_size != src_mc.vocab_size:
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
                      f"{src_mc.vocab_size}")
   seq_len = min(ft.seq_len, src_mc.max_position_embeddings)
-  head, train, eval_, test = load_task(ft.task, tok, seq_len)
+  head, train, eval_, test = head_type(ft.task).load(ft.task, tok, seq_len)
   metric = tasks.selection_metric(ft.task, head.selectable)
   rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
   train, dev = head.take(train, rest), head.take(train, dev) if len(dev) else None

@@ -1,7 +1,5 @@
-"""What each fine-tuning task type brings (its `Head`): how its splits are read, encoded and carved, its model head and
-loss, the batch fields, metrics, prediction rows and best/'s HF class. `Classification` (and regression), `Tagging`
-(token classification) and `QA`, chosen by task.type in HEADS; a new task type is one more Head here.
-"""
+"""What each fine-tuning task type brings (its `Head`: Classification and regression, Tagging, QA; HEADS by task.type):
+how its splits are read, encoded and carved, its model head and loss, metrics, prediction rows and best/'s HF class."""
 import dataclasses
 from typing import Callable, ClassVar
 
@@ -38,9 +36,8 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-  """What a task type brings to the loop: its model head and loss, how its splits are read, encoded and carved, its
-  metrics (`selectable`: those model selection may maximise, the default first), prediction rows, best/ (the HF
-  class of its head, hf_heads.py) and `label_shape(batch, seq_len)`: (shape, dtype) of a batch's labels."""
+  """A task type's part of the loop. `selectable`: the metrics model selection may maximise, the default first;
+  `label_shape(batch, seq_len)`: (shape, dtype) of a batch's labels."""
   names: list[str] | None  # the labels or tags; None: regression and QA
   fields: ClassVar[tuple[str, ...]] = ("input_ids", "segment_ids", "labels")  # of tasks.Examples, in each batch
   module: ClassVar[type[nn.Module]]  # finetune/model.py's, built as module(model_config, num_labels)
@@ -61,8 +58,7 @@ class Head:
 @dataclasses.dataclass(frozen=True)
 class Classification(Head):
   """Sequence classification, or regression (no label names): ELECTRA's classification head on [CLS], cross-entropy
-  or squared error, tasks.compute_metrics, a row per example in predictions_<split>.jsonl, and best/ as HF's
-  ElectraForSequenceClassification."""
+  or squared error, a prediction per example, best/ as HF's ElectraForSequenceClassification."""
   module: ClassVar = model_lib.Classifier
 
   @classmethod
@@ -95,17 +91,15 @@ class Classification(Head):
 
 
 def _read_files(task, read: Callable[[str, bool], list[dict]]) -> tuple[tuple[list[dict], str], ...]:
-  """(rows, where from) of the train, eval and test files (the test rows, unlabelled, None without task.test_file)
-  of a task read by `read(path, labelled)`."""
+  """(rows, where from) of the train, eval and test (unlabelled; None without) files, by `read(path, labelled)`."""
   train, eval_ = tasks.file_rows(task, lambda path: read(path, True)).values()
   return train, eval_, (read(task.test_file, False), task.test_file) if task.test_file else None
 
 
 @dataclasses.dataclass(frozen=True)
 class Tagging(Head):
-  """Token classification (token_tasks.py): a tag per word on its first piece, the loss over those pieces, entity
-  precision, recall and F1 (conlleval's) and word accuracy, a row of tags per sentence, and best/ as HF's
-  ElectraForTokenClassification. Units: sentences."""
+  """Token classification (token_tasks.py): a tag per word on its first piece, conlleval's entity metrics, a row of
+  tags per sentence, best/ as HF's ElectraForTokenClassification. Units: sentences."""
   module: ClassVar = model_lib.TokenClassifier
   selectable: ClassVar = token_tasks.METRICS
   loss = staticmethod(token_tasks.loss)
@@ -139,9 +133,8 @@ class Tagging(Head):
 
 @dataclasses.dataclass(frozen=True)
 class QA(Head):
-  """Extractive QA (qa.py): [CLS] question [SEP] window [SEP] features over doc-stride windows, the start/end loss,
-  the best span over a question's windows, SQuAD's exact match and F1, a row per question, and best/ as HF's
-  ElectraForQuestionAnswering. Units: questions; the loop batches and predicts their windows."""
+  """Extractive QA (qa.py): doc-stride windows, the best span over a question's windows, SQuAD's exact match and F1,
+  best/ as HF's ElectraForQuestionAnswering. Units: questions; the loop batches and predicts their windows."""
   max_answer_length: int = 30
   n_best_size: int = 20
   module: ClassVar = model_lib.QuestionAnswering
@@ -186,8 +179,3 @@ def head_type(task) -> type[Head]:
   if task.type not in HEADS:
     raise ValueError(f"task.type={task.type!r}: expected one of {', '.join(HEADS)}")
   return HEADS[task.type]
-
-
-def load_task(task, tok: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[Head, Split, Split, Split | None]:
-  """The head of task.type and its (train, eval, test or None) splits."""
-  return head_type(task).load(task, tok, seq_len)

@@ -1,6 +1,5 @@
-"""The fine-tuned model as an HF transformers directory (hf/directory.write_model), written whole or not at all, of the
-class its head makes it (`architecture`): ElectraForSequenceClassification (regression without label names),
-ElectraForTokenClassification or ElectraForQuestionAnswering, each loadable by its AutoModelFor* class."""
+"""The fine-tuned model as an HF transformers directory, written whole or not at all, of the class its head makes it:
+ElectraFor{SequenceClassification,TokenClassification,QuestionAnswering}, each loadable by its AutoModelFor* class."""
 import jax
 import numpy as np
 from flax import traverse_util
@@ -19,9 +18,8 @@ def architecture(params) -> str:
 
 
 def state_dict(model_config: modeling.ModelConfig, params) -> dict:
-  """HF names → float32 arrays of a fine-tuned model's params (model_config: its shared-embedding config): the
-  encoder as hf/convert.py maps the discriminator (electra.*), and every dense layer of the head under its own path,
-  which our heads name as HF does (classifier.dense and classifier.out_proj; classifier; qa_outputs)."""
+  """HF names → float32 arrays of a fine-tuned model's params: the encoder as hf/convert.py maps the discriminator
+  (electra.*), each dense layer of the head under its own path, which our heads name as HF does."""
   encoder = params["electra"]
   out = hf_convert.to_hf_state_dict(
       model_config, dict(embeddings=encoder["embeddings"], discriminator=encoder["discriminator"]), "discriminator")

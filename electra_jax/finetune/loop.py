@@ -1,6 +1,5 @@
-"""The fine-tuning loop's own part, in named steps: setup (experiment.py), restore or init as the run's plan says
-(plan.py), the loop (loop.py's, with evaluation and model selection), the results.
-"""
+"""The fine-tuning loop's own part: restore or init as the run's plan says, evaluation and model selection inside
+run/loop.py's loop, the results."""
 import dataclasses
 import functools
 import json
@@ -31,9 +30,8 @@ def finetune(ft: ml_collections.ConfigDict, workdir: str) -> dict | None:
 
 
 def train(plan: plan_lib.Plan) -> dict | None:
-  """Fine-tunes as `plan` says; returns the results (also written to eval_results.json, last), or None when stopped
-  by SIGTERM/SIGINT (after saving: run it again to resume). Raises a one-line ValueError/OSError on bad input before
-  anything is written, FloatingPointError after train.max_bad_steps non-finite steps in a row (loop.Guard)."""
+  """Fine-tunes as `plan` says; returns the results (written to eval_results.json, last), or None when a signal
+  stopped it (after saving). Bad input is a one-line ValueError/OSError before anything is written."""
   t0, clock = time.time(), goodput.Clock()
   ft, workdir, record = plan.ft, plan.workdir, plan.record()
   with workdir_lib.Lock(workdir, "electra-finetune") as lock:
@@ -89,8 +87,8 @@ PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions 
 
 def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
                     plan: plan_lib.Plan) -> tuple[state_lib.TrainState, Progress]:
-  """As `plan` says: the latest checkpoint's state and progress on the current mesh, or a fresh state from
-  train.seed (with init_from's encoder, its top train.reinit_layers layers left as initialised) and progress."""
+  """The latest checkpoint's state and progress on the current mesh, or a fresh state from train.seed with
+  init_from's encoder but its top train.reinit_layers layers."""
   if plan.resume_step is not None:
     restored = ckpt.restore(s.sharded.abstract(), set_aside_corrupt=True)
     logging.info("Resumed %s from step %d", plan.workdir, int(restored.state.step))
@@ -109,8 +107,8 @@ def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
 
 
 class Tuning:
-  """What fine-tuning brings to loop.run: batches of the training rows, the mean loss at each log step, evaluation
-  and model selection (best/ and the predictions of the model selected), and its progress in each checkpoint."""
+  """What fine-tuning brings to loop.run: batches of the training rows, logs, evaluation and model selection (best/
+  and its predictions), and its progress in each checkpoint."""
 
   def __init__(self, s: Setup, workdir: str, t0: float):
     self.s, self.workdir, self.t0 = s, workdir, t0
@@ -144,8 +142,8 @@ class Tuning:
     return postfix
 
   def converged(self) -> bool:
-    """Early stopping: past train.min_steps, the last train.patience evaluations did not beat the best dev score.
-    Once true, it stays true in the checkpoint, so a rerun does not train on."""
+    """Early stopping: past train.min_steps, the last train.patience evaluations did not beat the best dev score (in
+    the checkpoint: a rerun does not train on)."""
     p, train = self.progress, self.s.ft.train
     if p.stopped_early is None and self.s.dev is not None and train.patience and p.history:
       step, best = p.history[-1]["step"], p.best["step"]

@@ -1,7 +1,5 @@
-"""The fine-tuned models, each MODELS[task.type](model_config, num_labels) called as model(input_ids, segment_ids,
-deterministic=...) for float32 logits: the discriminator's encoder ("electra") with a task head named as in HF
-transformers (experiment.load_source reads the encoder's weights)."""
-
+"""The fine-tuned models, MODELS[task.type](model_config, num_labels)(input_ids, segment_ids, deterministic=...) ->
+float32 logits: the discriminator's encoder ("electra") under a task head named as in HF transformers."""
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -25,7 +23,7 @@ class ClassificationHead(nn.Module):
 
 
 def _encode(config: modeling.ModelConfig, input_ids, segment_ids, deterministic: bool):
-  """The discriminator's final hidden states, from submodule "electra" of the module whose compact call this is."""
+  """The discriminator's final hidden states, from submodule "electra" of the calling compact module."""
   return modeling.Electra(config, name="electra").encode(input_ids, segment_ids, deterministic=deterministic)
 
 

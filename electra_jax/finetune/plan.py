@@ -1,7 +1,6 @@
-"""What a fine-tuning run is, decided once at its entrance before anything is built or written: the encoder it starts
-from (init_from, or random init) and its tokenizer, whether the workdir resumes (from which step), starts fresh or is
-replaced (another run's, under --config.overwrite), and what it must keep apart from. The experiment and the loop take
-its parts and decide none of them again; it is printed at start and written to WORKDIR/plan.json."""
+"""What a fine-tuning run is, decided once at its entrance before anything is built or written (and never again):
+the weights it starts from, its tokenizer, and whether its workdir is new, resumed or replaced. Printed at the start,
+written to WORKDIR/plan.json."""
 import dataclasses
 import os
 
@@ -47,10 +46,9 @@ class Plan:
 
 def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | None = None,
             seed: int | None = None) -> Plan:
-  """The plan of fine-tuning `ft` in `workdir` (at train.learning_rate and train.seed, or the protocol's
-  `learning_rate` and `seed`); a one-line ValueError/OSError on a bad config or a workdir it may not write: one that
-  cannot be written, holds another run (replaced with ft.overwrite; a run of the same config resumes, its log,
-  evaluation and checkpoint cadence and mesh may change) or is, holds or lies inside what the run reads."""
+  """The plan of fine-tuning `ft` in `workdir` (at the protocol's `learning_rate` and `seed` where given); a one-line
+  error on a bad config or a workdir it may not write: unwritable, another config's run (unless ft.overwrite), or
+  one that is, holds or lies inside what the run reads."""
   ft = ft.copy_and_resolve_references()
   ft.train.update(learning_rate=ft.train.learning_rate if learning_rate is None else learning_rate,
                   seed=ft.train.seed if seed is None else seed)
@@ -59,7 +57,6 @@ def resolve(ft: ml_collections.ConfigDict, workdir: str, learning_rate: float | 
   if not (ft.init_from or ft.tokenizer):
     raise ValueError("random init (empty init_from) needs --config.tokenizer=<.model or vocab.txt>")
   init = sources.resolve(ft.init_from) if ft.init_from else None
-  # What the run reads, which its workdir (replaced with overwrite) must keep apart from.
   task = ft.task
   reads = [*(init.inputs if init else ()), *([(ft.tokenizer, "config.tokenizer")] if ft.tokenizer else []),
            *((task[k], f"task.{k}") for k in ("train_file", "eval_file", "test_file") if task[k]),

@@ -1,8 +1,6 @@
-"""electra-finetune's runs: one run of a config, or the paper's fine-tuning protocol (`--seeds=0,1,2
---learning_rates=1e-4,3e-4`): a run for every (learning rate, seed), each an ordinary workdir under run_dir, the rate
-chosen on the dev fold and the eval split reported at that rate as the median (min-max) over seeds, as ELECTRA reports
-GLUE; the eval split never chooses anything (docs/finetuning.md, "The paper's protocol: seeds × learning rates").
-"""
+"""electra-finetune's runs: one, or the paper's protocol: a run (a workdir under run_dir) for every (learning rate,
+seed), the rate chosen on the dev fold and the eval split reported at it as the median (min-max) over seeds
+(docs/finetuning.md, "The paper's protocol: seeds × learning rates")."""
 import io
 import json
 import statistics
@@ -85,9 +83,7 @@ def plot_curves(runs: dict[str, list[dict]], metric: str, path: epath.Path):
 
 def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: list[float]) -> dict | None:
   """Fine-tunes `ft` once in `workdir` and returns its results; or, with `seeds` or `rates`, at every rate and seed
-  (each run in run_dir; runs already there resume) and returns the protocol's summary (also written to WORKDIR).
-  Every run's plan is resolved before the first is built. None when a signal stopped a run (run the same command
-  again to go on)."""
+  (every plan resolved before the first run) and returns the protocol's summary. None when a signal stopped a run."""
   protocol = bool(seeds or rates)
   seeds, rates = seeds or [ft.train.seed], rates or [ft.train.learning_rate]
   if protocol:

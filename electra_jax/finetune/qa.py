@@ -1,8 +1,5 @@
-"""Extractive question answering on SQuAD v1.1 JSON: the reader (a row per question: {"id", "question", "context",
-"answers": [{"text", "answer_start"}]}), windows over long contexts with a doc stride, the start/end loss, each
-question's answer from its windows' [N, L, 2] start and end logits, and exact match and F1 as SQuAD's official
-evaluation script defines them (as fractions, not its percentages). heads.QA plugs them into the fine-tuning loop;
-model selection maximises METRICS[0] unless told otherwise."""
+"""Extractive QA on SQuAD v1.1 JSON (docs/token_tasks.md): the reader, doc-stride windows over long contexts, the
+start/end loss, each question's answer from its windows' logits, and SQuAD's exact match and F1 (as fractions)."""
 import collections
 import dataclasses
 import json
@@ -57,8 +54,7 @@ def _question(qa, context: str, where: str, labelled: bool) -> dict:
 
 
 def read_squad(path: str, labelled: bool = True) -> list[dict]:
-  """The questions of a SQuAD v1.1 file (local or gs://), each with its context and answers (none allowed unless
-  labelled)."""
+  """The rows of a SQuAD v1.1 file (local or gs://): {"id", "question", "context", "answers"} (none unless labelled)."""
   try:
     data = json.loads(task_rows.read_text(path))
   except json.JSONDecodeError as e:
@@ -154,9 +150,8 @@ def loss(logits, batch: dict):
 
 def predict(logits: np.ndarray, feats: Features, rows: list[dict], max_answer_length: int = 30,
             n_best_size: int = 20) -> list[tuple[str, float | None]]:
-  """Each row's answer and its score (start + end logit): the best span over its windows whose start and end are
-  among a window's n_best_size best start and end logits, both in the context, start <= end, at most
-  max_answer_length pieces long. ("", None) for a row no window offers a span."""
+  """Each row's answer and score (start + end logit): its windows' best span among each window's n_best_size best
+  starts and ends, in the context, at most max_answer_length pieces; ("", None) where no window offers one."""
   logits = np.asarray(logits, np.float32)
   best = [("", None)] * len(rows)
   for f, (r, off) in enumerate(zip(feats.row, feats.offsets)):

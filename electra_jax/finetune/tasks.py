@@ -24,9 +24,8 @@ def _finite(value) -> float | None:
 
 
 def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task, labelled: bool) -> list[dict]:
-  """The rows, once every text and (when labelled) label is present and usable, with classification labels in one
-  form per value (JSON's 1.0 is 1) and regression targets as floats; what is refused, naming the line, is listed in
-  docs/finetuning.md, "Task files". A column the file lacks altogether is left to _column, which lists those it has."""
+  """The rows, every text and label checked (docs/finetuning.md, "Task files"), labels in one form per value (JSON's
+  1.0 is 1), regression targets floats. A column the file lacks is left to _column, which lists those it has."""
   show = lambda v: json.dumps(v, ensure_ascii=False)
   fields = [f for f in (task.text_field, task.text_b_field) if f in columns]
   label = task.label_field if labelled and task.label_field in columns else None
@@ -223,10 +222,9 @@ def carve(n: int, dev_fraction: float, num_train: int, seed: int) -> tuple[np.nd
 
 
 def compute_metrics(labels: np.ndarray, logits: np.ndarray, num_labels: int) -> dict:
-  """Accuracy, F1 (of label 1 for two classes, else the macro mean over classes; 0 for a class neither predicted nor
-  present) and MCC (its multi-class form, Gorodkin's), all from the confusion matrix; or Pearson, Spearman and MSE
-  for regression. By hand from the confusion matrix rather than sklearn.metrics, whose import alone costs every
-  fine-tuning run a second of start-up."""
+  """Accuracy, F1 (of label 1 for two classes, else the macro mean; 0 for a class neither predicted nor present) and
+  MCC (Gorodkin's multi-class form) from the confusion matrix, not sklearn (its import is slow); or Pearson, Spearman
+  and MSE for regression."""
   if num_labels == 1:
     from scipy import stats  # pylint: disable=g-import-not-at-top
     pred = logits[:, 0]
@@ -251,8 +249,7 @@ def selection_metric(task, allowed: tuple[str, ...]) -> str:
 
 
 def prediction_rows(logits: np.ndarray, names: list[str] | None) -> list[dict]:
-  """One JSON object per row: its index, the prediction (a label name, or the score for regression) and the
-  logits."""
+  """One JSON object per row: its index, the prediction (a label name; regression: the score) and the logits."""
   if names is None:
     return [dict(index=i, prediction=float(x[0]), score=float(x[0])) for i, x in enumerate(logits)]
   return [dict(index=i, prediction=names[int(x.argmax())], logits=[float(v) for v in x])

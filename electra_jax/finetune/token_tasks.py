@@ -1,7 +1,5 @@
-"""Token classification (NER-style tagging): JSONL or CoNLL-style column files, each word's tag on its first piece,
-the masked loss, and conlleval's entity-level metrics (docs/token_tasks.md has the formats). heads.Tagging plugs them
-into the fine-tuning loop; model selection maximises METRICS[0] unless told otherwise. A tag's id is its index in
-tag_names ("O" first), as in HF's id2label."""
+"""Token classification (NER-style tagging; docs/token_tasks.md): JSONL or CoNLL-style column files, each word's tag
+on its first piece, the masked loss, and conlleval's entity-level metrics. A tag's id is its index in tag_names."""
 import dataclasses
 
 import jax.numpy as jnp
