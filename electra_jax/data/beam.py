@@ -1,7 +1,5 @@
-"""electra-prepare on Apache Beam, through TFDS's own Beam support: the same builder, its example generation a Beam
-transform run by any Beam runner; the workers read the corpus's parts, each only its own, and make the single-host
-path's dataset (docs/data.md, "Corpora larger than one host: Apache Beam").
-"""
+"""electra-prepare on Apache Beam through TFDS's Beam support: the same builder and dataset, its examples made by
+workers that each read their own parts of the corpus (docs/data.md, "Corpora larger than one host: Apache Beam")."""
 import json
 import os
 import re
@@ -27,9 +25,8 @@ _DATA_ERROR = f"{corpus_lib.DataError.__module__}.{corpus_lib.DataError.__name__
 
 
 def options(text: str, data) -> pipeline_options.PipelineOptions:
-  """--beam_pipeline_options's "name=value,..." as Beam's options. An unknown runner or option is a one-line ValueError
-  (Beam would drop an unknown option with a warning), and so is a runner on other machines given a local
-  data.data_dir or data.text_files (`data`: the config's), which its workers cannot see."""
+  """--beam_pipeline_options's "name=value,..." as Beam's options; a one-line ValueError for an unknown runner or
+  option (Beam would only warn), or a runner on other machines given a local data.data_dir or data.text_files."""
   flags = [f"--{item.strip()}" for item in text.split(",") if item.strip()]
   parsed = pipeline_options.PipelineOptions(flags)
   known = parsed.get_all_options(retain_unknown_options=False)
@@ -117,8 +114,8 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
 
 
 class _ShardWriter(pretraining.ExampleWriter):
-  """Writes a shard on a Beam worker at `path` (a temporary name, local or gs://, that TFDS renames with every file
-  sharing its prefix): written locally, its size and CRC-32 beside it (path + _RECORD), a gs:// `path` given a copy."""
+  """Writes a shard on a Beam worker at `path` (local or gs://; TFDS renames every file sharing its prefix), written
+  locally first, its integrity.file_record beside it (path + _RECORD)."""
 
   def write(self, path, examples):
     storage.initialize()  # gs:// through the launcher's client (and emulator, in tests), as Corpus's readers

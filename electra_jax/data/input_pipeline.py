@@ -1,7 +1,5 @@
-"""Per-host input: this host's rows of each global batch of the prepared dataset (array_record, read by index with no
-TensorFlow in the process; shuffled, repeated, prefetched), and `to_global`, the one place where host numpy becomes
-global jax arrays (docs/data.md, "The input pipeline and exact resume").
-"""
+"""Per-host input: this host's rows of each global batch of the prepared dataset, read by index without TensorFlow,
+and `to_global`, where host numpy becomes global jax arrays (docs/data.md, "The input pipeline and exact resume")."""
 import collections
 import concurrent.futures
 import contextlib
@@ -30,13 +28,11 @@ FEATURES = ("input_ids", "segment_ids")
 
 
 class Reader:
-  """Examples of one split by index, read a batch at a time through ArrayRecord's reader and decoded without
-  TensorFlow (records.py). A shard is opened when first read; of a gs:// dataset it is fetched then, into a local
-  copy (ArrayRecord's reader takes local paths only)."""
+  """Examples of one split by index, a batch at a time. A shard is opened when first read; a gs:// one is fetched
+  then into a local copy (ArrayRecord's reader takes local paths only)."""
 
   def __init__(self, dataset_dir: str, split: str = "train", fail_fast: bool = True):
-    """fail_fast: raise integrity.Damaged for the first shard whose size is not the recorded one; else list them in
-    `size_problems` (electra-check reports every problem)."""
+    """fail_fast: raise integrity.Damaged for the first shard of a size other than recorded; else `size_problems`."""
     self.dataset_dir, self.remote = dataset_dir, storage.is_remote(dataset_dir)
     self._copy = storage.LocalCopy(dataset_dir, "metadata.json", "dataset_info.json") if self.remote else None
     sizes = storage.file_sizes(dataset_dir)
@@ -162,10 +158,9 @@ class Reader:
 
 
 class TrainIterator:
-  """Endless per-host batches {'input_ids', 'segment_ids'}: int32 [batch_size / process_count, seq_len]. Global batch
-  b is a pure function of (seed, b), drawn from G = gcd(shards, batch size) lanes of consecutive shards (docs/data.md,
-  "The input pipeline and exact resume"), so it does not depend on the number of hosts and the whole state is
-  {"step": b}; host i of n reads rows [i·B/n, (i+1)·B/n), which lie in its own lanes when n divides G."""
+  """Endless per-host batches of int32 [batch_size / process_count, seq_len]. Global batch b is a pure function of
+  (seed, b), drawn from gcd(shards, batch size) lanes of consecutive shards (docs/data.md), whatever the host count:
+  the state is {"step": b}; host i of n reads rows [i·B/n, (i+1)·B/n)."""
 
   def __init__(self, reader: Reader, global_batch_size: int, seed: int, process_index: int, process_count: int,
                state: dict | None = None, num_threads: int = 2, prefetch: int = 4):
@@ -287,10 +282,9 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
 
 
 class OnDevice:
-  """The next `depth` batches of `batches` placed on the devices ahead of time by one thread, `steps` of them stacked
-  a time (a dispatch of that many steps). get_state() is `batches`' position after the last batch handed out.
-  stable: each batch handed out in the same device buffers (a GPU step's command buffer finds its input where it
-  was); the batch handed out before is then deleted."""
+  """The next `depth` batches placed on the devices ahead by one thread, `steps` stacked a time (a dispatch's);
+  get_state() is `batches`' position after the last one handed out. stable: each in the same device buffers (a GPU
+  command buffer finds its input where it was), the one before deleted."""
 
   def __init__(self, batches: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.Sharding, depth: int = 2,
                steps: int = 1, stable: bool = False):

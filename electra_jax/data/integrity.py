@@ -1,7 +1,5 @@
-"""Whether a prepared dataset's files are the ones electra-prepare wrote: their sizes and CRC-32s, recorded in its
-metadata.json (`record`), and the one-line error that names a damaged shard, its dataset and the remedy (`Damaged`).
-Readers check sizes before the first step and the CRC-32 of each shard fetched from gs://; electra-check checks
-everything (docs/data.md, "Damaged data")."""
+"""Whether a prepared dataset's files are those electra-prepare wrote (their sizes and CRC-32s in its metadata.json),
+and the one-line error naming a damaged shard, its dataset and the remedy (docs/data.md, "Damaged data")."""
 import json
 import os
 import zlib
@@ -19,8 +17,8 @@ class Damaged(OSError):
 
 
 def damaged(shard: str, dataset: str, what: str, local_copy: str | None = None) -> Damaged:
-  """The error that names `shard` (a file of `dataset`), what is wrong with it and what to do. `local_copy`: the
-  host's copy of a gs:// shard that was read (and has been deleted, so that the next run fetches it again)."""
+  """The error naming `shard` of `dataset`, what is wrong and what to do. `local_copy`: the host's (deleted) copy of a
+  gs:// shard that was read."""
   if local_copy:
     return Damaged(f"the local copy {local_copy} of shard {shard} of the prepared dataset {dataset} is damaged "
                    f"({what}): it was deleted; run the same command again to fetch it anew (if it fails again, the "

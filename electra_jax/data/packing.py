@@ -1,8 +1,5 @@
-"""Tokenize documents and pack them into fixed-length examples, as the official ELECTRA data builder does: lines fill
-a target length (5% of the time a random one), split into [CLS] A [SEP] B [SEP] (10% of the time A alone); a line
-longer than an example is split rather than cut (docs/data.md, "The example format"). Randomness comes from (seed,
-document index), so the output does not depend on the number of workers. No TensorFlow: worker processes import this.
-"""
+"""Documents tokenized and packed into fixed-length examples as the official ELECTRA builder does (docs/data.md, "The
+example format"), seeded by (seed, document index): the same for any number of workers. No TensorFlow here."""
 import collections
 import concurrent.futures
 import dataclasses

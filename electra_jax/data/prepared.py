@@ -1,6 +1,5 @@
-"""Prepared data, as the commands find it: where electra-prepare puts the tokenizer and the dataset for a config's
-`data` section (a hash of the settings that determine them), how a dataset is found from data_dir and seq_len alone,
-the tokenizer's fingerprint, and `load`. Reading only, with no TensorFlow."""
+"""Prepared data as the commands find it: where electra-prepare puts a config's tokenizer and dataset (named by a hash
+of the settings that determine them), found from data_dir and seq_len alone. Reading only, without TensorFlow."""
 import copy
 import dataclasses
 import hashlib
@@ -87,9 +86,8 @@ def _describe(data_dir: str, name: str) -> str:
 
 
 def resolve(config):
-  """`config` with the data.* settings of the dataset prepared for it under data.data_dir: the one its data.* keys
-  name, else the only one there for its data.seq_len (the corpus need not be at hand). A seq_len, vocabulary or
-  tokenizer that differs from the data's is refused naming both; several candidates are listed."""
+  """`config` with the data.* settings of its dataset under data.data_dir: the one its data.* keys name, else the
+  only one for its seq_len. A seq_len, vocabulary or tokenizer other than the data's is refused naming both."""
   data = config.data
   if _ready(dataset_dir(config)):
     return config

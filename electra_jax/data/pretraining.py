@@ -1,8 +1,5 @@
-"""The TFDS dataset of packed pre-training examples: features input_ids and segment_ids (int32 [seq_len], 0-padded),
-splits train and validation (whole documents held out: every ~1/validation_fraction-th one, the first included).
-The config name (prepared.config_name) hashes everything that determines the examples, so the same input is found
-prepared. TFDS writes into a temporary directory and renames it when complete: a failed run leaves nothing.
-"""
+"""The TFDS dataset of packed pre-training examples (input_ids and segment_ids, int32 [seq_len]), split into train
+and validation by whole documents; named by a hash of all that determines them (prepared.config_name)."""
 import contextlib
 import dataclasses
 import glob
@@ -39,8 +36,8 @@ class PretrainingConfig(tfds.core.BuilderConfig):
 
 @contextlib.contextmanager
 def writing(dataset_dir: str):
-  """Around TFDS's download_and_prepare into the local `dataset_dir`: a killed build's incomplete.* directories are
-  deleted unless a live build's mark (storage.temp_path) is beside them; running out of space is one OSError."""
+  """Around TFDS's build into the local `dataset_dir`: a killed build's incomplete.* directories deleted (unless a
+  live build's mark is beside them), no space one OSError."""
   parent, name = os.path.split(dataset_dir)
   os.makedirs(parent, exist_ok=True)
   storage.remove_leftovers(dataset_dir)
@@ -91,8 +88,8 @@ class DownloadConfig(tfds.download.DownloadConfig):
 
 
 class ExampleWriter(tfds.core.ExampleWriter):
-  """TFDS's writer of a shard, with each example's features serialized in a fixed order (protobuf's map order changes
-  from process to process), so a rebuilt dataset has the same bytes and CRC-32s."""
+  """TFDS's shard writer, each example's features in a fixed order (protobuf's map order changes from process to
+  process): a rebuilt dataset has the same bytes."""
 
   def write(self, path, examples):
     return super().write(path, ((key, records.canonical(example)) for key, example in examples))

@@ -1,8 +1,6 @@
-"""The records of a prepared dataset: tf.train.Example protos of int64 features, each serialized with its features in
-the order of their names (`canonical`, what electra-prepare writes), read a batch at a time as int32 arrays.
-`Decoder` reads a batch with a few numpy operations, which release Python's GIL (protobuf's parse holds it, holding
-back the training loop); records laid out otherwise (older or damaged data) are left to `parse`, protobuf's.
-"""
+"""A prepared dataset's records, tf.train.Examples of int64 features in the order of their names (`canonical`), read a
+batch at a time as int32 by numpy (`Decoder`, which releases the GIL), or by protobuf (`parse`) where laid out otherwise
+(docs/data.md, "Parsing batches without holding the GIL")."""
 from typing import Sequence
 
 import numpy as np
@@ -45,10 +43,9 @@ def _values(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarr
 
 
 class Decoder:
-  """Decodes a batch of canonical records of `features` (int64 lists of `length` values each) into int32 arrays
-  [batch, length], or answers None when any record is laid out otherwise. Every canonical record is the same sequence
-  of varints (fixed bytes, message lengths, values); a record is decoded only when its count of varints, its fixed
-  bytes and each length match, so a decoded batch is the one `parse` gives."""
+  """A batch of canonical records of `features` (`length` values each) as int32 [batch, length], or None when any is
+  laid out otherwise: a record (a sequence of varints) is decoded only when its count of varints, fixed bytes and
+  lengths match, so a decoded batch is the one `parse` gives."""
 
   def __init__(self, features: Sequence[str], length: int):
     self.features, self.length = tuple(features), length

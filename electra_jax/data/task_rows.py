@@ -1,8 +1,5 @@
-"""Rows of labelled-text files (JSONL, CSV, TSV; local or gs://) and of the built-in demo tasks, with their seeded
-train/eval split: what fine-tuning reads, and what pre-training reads when it trains on a task's own text.
-
-No label checks here (fine-tuning makes them); errors name the file and the line an editor shows.
-"""
+"""Rows of labelled-text files (JSONL, CSV, TSV; local or gs://) and of the built-in tasks, with their seeded train/eval
+split, for fine-tuning and for pre-training on a task's text. Errors name the file and line; no label checks here."""
 import csv
 import importlib.util
 import io

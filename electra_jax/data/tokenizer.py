@@ -1,8 +1,5 @@
-"""Tokenizers: train a SentencePiece unigram model with ELECTRA's fixed special ids, or load one (or a WordPiece vocab).
-
-Our SentencePiece models have [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, the last three control symbols that no
-text encodes to; a WordPiece `vocab.txt` (Google's checkpoints) keeps its own ids. No TensorFlow here.
-"""
+"""Tokenizers: a SentencePiece unigram model trained with [PAD], [UNK], [CLS], [SEP], [MASK] at ids 0-4 (the last three
+control symbols no text encodes to), or loaded, or a WordPiece `vocab.txt` (Google's checkpoints) with its own ids."""
 import io
 import os
 import re
@@ -27,8 +24,7 @@ class Tokenizer:
   """Text <-> ids without special tokens; `special_ids` says where [CLS]/[SEP]/... live in this vocabulary."""
 
   def __init__(self, path: str):
-    """Every tokenizer a command reads is loaded here: a file that is empty, truncated or not a tokenizer is a one-line
-    ValueError naming it."""
+    """Every tokenizer a command reads: an empty, truncated or other file is a one-line ValueError naming it."""
     self.path = os.fspath(path)
     data = epath.Path(self.path).read_bytes()  # gs:// works too
     wordpiece = self.path.endswith(".txt")
@@ -108,9 +104,8 @@ class Tokenizer:
     return self.wordpiece.normalizer.normalize_str(text)
 
   def word_starts(self) -> tuple[bool, ...]:
-    """Per id: the piece begins a word (SentencePiece's pieces with its space, U+2581; WordPiece's pieces but the
-    "##" continuations, [UNK] included: it stands for a whole word, as in BERT); never [PAD], [CLS], [SEP] or [MASK].
-    Whole-word masking's words (masking.mask_words)."""
+    """Per id: the piece begins a word (SentencePiece's with U+2581; WordPiece's but "##" continuations, [UNK] a whole
+    word, as in BERT); never [PAD], [CLS], [SEP] or [MASK]. Whole-word masking's words."""
     if self._sp is not None:
       starts = [self._sp.id_to_piece(i).startswith("\u2581") for i in range(self.vocab_size)]
     else:
