@@ -1,5 +1,4 @@
-"""FLOP accounting shared by training and the benchmark: one training step's FLOPs per objective, and the throughput,
-TFLOP/s and MFU they make over a measured time.
+"""One training step's FLOPs per objective, and the throughput, TFLOP/s and MFU they make over a measured time.
 
 FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
   6 · N_matmul · tokens for each network's dense layers (embedding lookups are gathers, not matmuls),
@@ -59,8 +58,7 @@ class Costs(NamedTuple):
 
 def costs(mc: modeling.ModelConfig, objective: objectives.ObjectiveConfig, batch: int, seq_len: int,
           two_stage_fraction: float | None = None) -> Costs:
-  """The pieces of one training step of the model `mc` under `objective` at `batch` × `seq_len`, which the
-  objective's registry entry adds up (objectives.Objective.flops)."""
+  """The pieces of one training step of `mc` under `objective` at `batch` × `seq_len` (Objective.flops adds them)."""
   d, g = mc.discriminator, mc.generator
   masked = batch * masking.max_predictions(objective.mask_prob, seq_len)
   return Costs(
@@ -74,8 +72,7 @@ def costs(mc: modeling.ModelConfig, objective: objectives.ObjectiveConfig, batch
 
 def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
   """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
-  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's). A pre-training Experiment holds its own
-  (Experiment.step_flops)."""
+  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's)."""
   objective = objectives.ObjectiveConfig.from_config(config)
   return objectives.get(objective.name).flops(costs(
       modeling.ModelConfig.from_config(config), objective, config.train.batch_size, config.data.seq_len,

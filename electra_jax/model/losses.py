@@ -1,6 +1,5 @@
-"""The pieces every objective's loss is made of (objectives.py and two_stage.py compose them): what a loss reads
-(Batch), G's masked-LM loss, corruption by G's samples, D's replaced-token loss, and their metrics (top-1 accuracy,
-precision/recall counts, ROC AUC)."""
+"""The pieces every objective's loss is made of: what a loss reads (Batch), G's masked-LM loss, corruption by G's
+samples, D's replaced-token loss, and their metrics (top-1 accuracy, precision/recall counts, ROC AUC)."""
 from typing import Any, NamedTuple
 
 import jax
@@ -46,15 +45,13 @@ def mlm_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array):
 
 
 def target_logit(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """logits[..., targets] as a masked sum: its gradient is a fused select, where take_along_axis's is a scatter over
-  the vocabulary (several times slower on XLA:CPU: docs/benchmarks.md)."""
+  """logits[..., targets] as a masked sum: its gradient is a fused select, where take_along_axis's is a scatter."""
   return jnp.where(jnp.arange(logits.shape[-1]) == targets[..., None], logits, 0.0).sum(axis=-1)
 
 
 def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """1.0 where the first maximum of `logits` is at `targets` (what top_k(logits, 1) and argmax pick), else 0.0: two
-  fused reductions, where XLA:CPU's TopK and argmax are slow over a vocabulary. The maxima before the target are
-  counted as a float sum, not an `any`: a TPU then reads the logits in the same pass as the loss's (docs/tpu.md)."""
+  """1.0 where the first maximum of `logits` is at `targets` (argmax's pick), else 0.0, as two fused reductions; the
+  maxima before the target summed as floats, so a TPU reads the logits in the loss's pass (docs/tpu.md)."""
   logits = jax.lax.stop_gradient(logits)
   top = logits.max(axis=-1, keepdims=True)
   earlier_ties = jnp.where((logits == top) & (jnp.arange(logits.shape[-1]) < targets[..., None]), 1.0, 0.0).sum(-1)
@@ -78,8 +75,8 @@ AUC_BINS = 2048  # histogram resolution of the ROC AUC: ties within a bin count 
 
 
 def auc_histogram(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
-  """[2, AUC_BINS] weighted counts of original (row 0) and replaced (row 1) tokens by predicted probability: sums over
-  batches, so evaluation accumulates it on device and `roc_auc` reads the area once."""
+  """[2, AUC_BINS] weighted counts of original (row 0) and replaced (row 1) tokens by predicted probability, which
+  evaluation sums on device for `roc_auc`."""
   bins = jnp.clip((jax.nn.sigmoid(logits) * AUC_BINS).astype(jnp.int32), 0, AUC_BINS - 1)
   rows = labels.astype(jnp.int32)
   return jnp.zeros((2, AUC_BINS), jnp.float32).at[rows.ravel(), bins.ravel()].add(weights.ravel())
@@ -102,9 +99,8 @@ def generator_mlm(b: Batch, params=None):
 
 
 def corrupt(b: Batch, g_logits):
-  """The ORIGINAL input with every masked position replaced by a generator sample, and which tokens differ (a sample
-  equal to the original counts as real). stop_gradient makes explicit that D's loss never reaches G (sampling is
-  discrete anyway)."""
+  """The original input with every masked position replaced by a generator sample, and which tokens differ (a sample
+  equal to the original counts as real); D's loss never reaches G (stop_gradient)."""
   sampled = sampling.sample(b.keys["sample"], jax.lax.stop_gradient(g_logits), b.objective.temperature, rows=b.rows)
   corrupted = jax.lax.stop_gradient(masking.scatter(b.input_ids, b.masked.positions, sampled, b.masked.weights))
   replaced = corrupted != b.input_ids
@@ -112,8 +108,7 @@ def corrupt(b: Batch, g_logits):
 
 
 def replaced_token_detection(b: Batch, corrupted, replaced, weights):
-  """D's sigmoid loss over `weights`' positions and its metrics (the ROC AUC's histogram in evaluation only: training
-  steps skip its scatter)."""
+  """D's sigmoid loss over `weights`' positions and its metrics (the ROC AUC's histogram in evaluation only)."""
   logits = b.apply(modeling.Electra.discriminator_logits, corrupted, b.segment_ids, key="discriminator")
   loss, accuracy, counts = disc_loss(logits, replaced, weights)
   out = dict(counts, disc_loss=loss, disc_accuracy=accuracy)

@@ -1,16 +1,13 @@
-"""What ELECTRA trains on: the losses of ELECTRA and of the paper's baselines and ablations, made of losses.py's
-pieces. OBJECTIVES holds one entry per objective.name: its loss, the parameters it initialises and the FLOPs of its
-step; adding an objective is an entry here (and a test). ObjectiveConfig is the objective section as the step reads
-it.
+"""The losses of ELECTRA and of the paper's baselines and ablations, made of losses.py's pieces. OBJECTIVES holds one
+entry per objective.name (its loss, the parameters it initialises, its step's FLOPs); ObjectiveConfig is the objective
+section as the step reads it.
 
   electra         L_MLM(G) + λ·L_Disc(D), the discriminator loss over every non-pad token
   electra_15      as electra, but L_Disc only over the masked positions
   mlm             BERT: D-sized masked LM with the 80/10/10 recipe; no generator
   replace_mlm     G as in electra; D is a masked LM whose masked inputs are G's samples instead of [MASK]
   all_tokens_mlm  as replace_mlm, but D predicts every token, with the paper's copy mechanism
-  two_stage       the paper's two-stage ELECTRA (Sec. 3.2, two_stage.py): L_MLM(G) alone for the first
-                  two_stage_fraction of the steps; then D starts as a copy of G and trains with λ·L_Disc on the
-                  samples of the frozen G
+  two_stage       the paper's two-stage ELECTRA (Sec. 3.2, two_stage.py): G alone, then D from G on G's samples
   uniform_replacement  λ·L_Disc(D) on tokens drawn uniformly from the vocabulary: no generator
 """
 import dataclasses
@@ -129,8 +126,7 @@ def get(name: str) -> Objective:
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
-  """The objective section as the step reads it, checked: the objective's name, its masking and weights, and for
-  two_stage the step that starts stage 2 (switch_step; 0 for the others)."""
+  """The objective section as the step reads it, checked; for two_stage the step that starts stage 2 (switch_step)."""
   name: str
   mask_prob: float
   disc_weight: float
@@ -160,11 +156,10 @@ class ObjectiveConfig:
 def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ObjectiveConfig,
                  special: SpecialIds, word_starts=None, *, rows: jax.Array | None = None, deterministic: bool = False,
                  **loss_args):
-  """The training loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and the
-  metrics that come with it. Pure: all randomness derives from `rng`, masking's and sampling's per row, keyed on
-  `rows` (each row's index in the global batch; default 0, 1, ...), so a micro-batch's rows draw what they would in
-  the whole batch. `word_starts`: the tokenizer's ([vocab_size] bool), for objective.whole_word_masking. `loss_args`
-  go to the objective's loss (two_stage's stage)."""
+  """The loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and its metrics. Pure:
+  all randomness derives from `rng`, masking's and sampling's keyed per row on `rows` (each row's index in the global
+  batch), so a micro-batch's rows draw what they would in the whole batch. `word_starts`: the tokenizer's, for
+  objective.whole_word_masking; `loss_args` go to the objective's loss (two_stage's stage)."""
   entry = get(objective.name)
   ids = batch["input_ids"]
   rows = jnp.arange(ids.shape[0]) if rows is None else rows
@@ -181,7 +176,6 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
 
 
 def init_params(model: modeling.Electra, objective: str, seq_len: int, rng: jax.Array):
-  """The boxed parameters `objective` (an objective.name) trains, at sequence length `seq_len`. Their shapes do not
-  depend on how many positions are masked: one stands for them."""
+  """The boxed parameters `objective` (an objective.name) trains, at sequence length `seq_len`."""
   ids = jnp.ones((1, seq_len), jnp.int32)
   return model.init(rng, ids, jnp.zeros_like(ids), jnp.zeros((1, 1), jnp.int32), method=get(objective).init)["params"]

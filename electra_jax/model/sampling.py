@@ -7,16 +7,14 @@ SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF 
 
 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
-  """draw(key, shape[1:], **kwargs) for each row (the leading axis of `shape`), the key `rng` folded with the row's
-  index in the global batch (`rows`; default 0, 1, ...): a row's numbers do not depend on how the batch is cut into
-  micro-batches (parallel/update.py)."""
+  """draw(key, shape[1:], **kwargs) for each row (the leading axis), `rng` folded with the row's index in the global
+  batch (`rows`; default 0, 1, ...): a row's numbers do not depend on the batch's micro-batches."""
   rows = jnp.arange(shape[0]) if rows is None else rows
   return jax.vmap(lambda r: draw(jax.random.fold_in(rng, r), shape[1:], **kwargs))(rows)
 
 
 def _cumsum(x: jax.Array) -> jax.Array:
-  """Cumulative sum over the last (short) axis as a matmul with a triangular matrix: XLA:CPU's scan for cumsum is
-  several times slower."""
+  """Cumulative sum over the last (short) axis as a matmul with a triangular matrix (faster than XLA:CPU's scan)."""
   upper = jnp.triu(jnp.ones((x.shape[-1],) * 2, x.dtype))  # upper[k, i] = 1 for k <= i
   return jnp.einsum("...k,ki->...i", x, upper, precision=jax.lax.Precision.HIGHEST)
 
@@ -24,12 +22,9 @@ def _cumsum(x: jax.Array) -> jax.Array:
 def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0,
            rows: jax.Array | None = None) -> jax.Array:
   """One draw from softmax(logits / temperature) over the last axis at each position of the others, keyed per batch
-  row (the first axis; per_row's `rows`), by inverse CDF: one uniform per draw instead of the Gumbel-argmax trick's
-  noise per vocabulary entry (the same distribution). The CDF is walked in two levels, with no vocabulary-long scan:
-  the sums of blocks of `block` entries (default SAMPLE_BLOCK; the last may be shorter) pick the block holding u,
-  the cumulative sum within it the entry. Weights are exp(x - max x), unnormalised, u scaled by their total. The
-  block sums are a reduce_window and the chosen block is sliced out per position, where reshaping the logits into
-  blocks made a TPU copy them (docs/benchmarks.md and docs/tpu.md have the timings)."""
+  row (per_row's `rows`), by inverse CDF: one uniform a draw, not Gumbel noise per vocabulary entry. The CDF is
+  walked in two levels: block sums (reduce_window over `block` entries, default SAMPLE_BLOCK) pick the block holding
+  u, the cumulative sum within it the entry; weights are exp(x - max x), u scaled by their total (docs/tpu.md)."""
   x = logits.astype(jnp.float32)
   if temperature != 1.0:
     x = x / temperature
@@ -52,8 +47,8 @@ def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0
 
 
 def _slices(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
-  """x[..., start:start + size] at each position of the leading axes (start: their shape): a gather of rows of
-  `size` entries, vmapped over the leading axes rather than flattening them (a copy of x on TPU)."""
+  """x[..., start:start + size] at each position of the leading axes (start: their shape), vmapped over them rather
+  than flattened (a copy of x on TPU)."""
   take = lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size)
   for _ in range(x.ndim - 1):
     take = jax.vmap(take)

@@ -1,7 +1,6 @@
 """The paper's two-stage ELECTRA (Sec. 3.2), objective.name=two_stage: L_MLM(G) alone for the first
-two_stage_fraction of the steps; at the switch step (objectives.ObjectiveConfig.switch_step) D becomes a copy of G and
-Adam restarts; then λ·L_Disc(D) alone on the samples of the frozen G. The registry entry (objectives.py) takes `loss`;
-the update's two stages (parallel/update.Stages) take the switch and the rest from here."""
+two_stage_fraction of the steps; at the switch step D becomes a copy of G and Adam restarts (parallel/update.Stages);
+then λ·L_Disc(D) alone on the samples of the frozen G."""
 import jax
 import jax.numpy as jnp
 
@@ -9,9 +8,8 @@ from electra_jax.model import losses
 
 
 def loss(b: losses.Batch, *, stage: int = 2):
-  """Stage 1: L_MLM(G) alone, without running D. Stage 2: λ·L_Disc alone, G sampling through stop_gradient (no
-  backward pass through G; its loss only reported). Evaluation uses 2, which reports both networks. Both stages
-  return the same metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
+  """Stage 1: L_MLM(G) alone. Stage 2 (and evaluation): λ·L_Disc alone, G's loss only reported. Both return the same
+  metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
   if stage == 1:
     g_loss, out, _ = losses.generator_mlm(b)
     stage2 = jax.eval_shape(lambda: loss(b))[1]  # stage 2's metric keys, traced for shapes only
