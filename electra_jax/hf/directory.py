@@ -1,8 +1,6 @@
 """An HF transformers ELECTRA directory, written from our parameters (`export`: the discriminator, the generator in
 generator/, and the run's config) and read back into them (`import_hf`: ours, or a released google/electra-* one).
-Literal "[CLS]" and the like typed into text stay special tokens in HF tokenizers, never in ours: clean such strings
-from raw text.
-"""
+Literal "[CLS]" and the like in raw text are special tokens to HF tokenizers, never to ours: clean them from text."""
 import json
 import os
 
@@ -60,8 +58,6 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
       f.write(config.to_json_best_effort(indent=2))
 
 
-# --- Import ----------------------------------------------------------------------------------------------------------
-
 def _read_weights(directory: str) -> dict:
   path = epath.Path(directory) / WEIGHTS_FILE
   if path.exists():
@@ -87,9 +83,8 @@ def _read_hf_config(directory: str) -> dict:
 
 def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None):
   """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
-  hf_dir/generator), fitting `experiment.create(config)`; the config's data.tokenizer is `tokenizer_path`. The
-  embedding sharing is inferred: "shared" when the generator's embeddings equal the discriminator's (or there is no
-  generator), else "untied"."""
+  hf_dir/generator), data.tokenizer `tokenizer_path`; embedding sharing "shared" when the generator's embeddings equal
+  the discriminator's (or there is no generator), else "untied"."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)
@@ -131,7 +126,7 @@ def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None
   loaded = {emb_key[0]: d["embeddings"], "discriminator": d["encoder"], "discriminator_head": d["head"]}
   if g is not None:
     loaded.update({emb_key[1]: g["embeddings"], "generator": g["encoder"], "generator_head": g["head"]})
-  # Parts HF lacks (a generator when none is given) are initialised as ours are, only then: that init compiles slowly.
+  # Parts HF lacks (a generator when none is given) initialised as ours are, only then (that init compiles slowly).
   model = modeling.Electra(model_config)
   init = jax.jit(lambda rng: nn.meta.unbox(objectives.init_params(model, config.objective.name, config.data.seq_len,
                                                                   rng)))

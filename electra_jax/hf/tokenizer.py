@@ -48,9 +48,8 @@ def save_tokenizer(path: str, out_dir: str, model_max_length: int):
   os.makedirs(out_dir, exist_ok=True)
   hf_tokenizer(path).save(os.path.join(out_dir, "tokenizer.json"))
   names = tokenizer_lib.SPECIAL_TOKENS
-  # Written by hand: transformers 5 saves its own class name (TokenizersBackend), which 4.x cannot load, while
-  # PreTrainedTokenizerFast loads tokenizer.json as it is in both (5 aliases it). Without a tokenizer_class,
-  # model_type electra would route to BertTokenizer: wrong ids for a SentencePiece model.
+  # Written by hand: transformers 5 saves a class name 4.x cannot load; PreTrainedTokenizerFast loads in both, and
+  # without a tokenizer_class model_type electra would route to BertTokenizer (wrong ids for SentencePiece).
   config = dict(tokenizer_class="PreTrainedTokenizerFast", pad_token=names.pad, unk_token=names.unk,
                 cls_token=names.cls, sep_token=names.sep, mask_token=names.mask, model_max_length=model_max_length,
                 model_input_names=["input_ids", "token_type_ids", "attention_mask"])

@@ -1,8 +1,6 @@
 """Cloud TPU slices and NVIDIA GPU hosts as their compilers see them, from any host: an accelerator type (`parse`) or
-a GPU and a count (`parse_gpu`) become their devices (jax.experimental.topologies, through libtpu, the `tpu` extra,
-or XLA's GPU compiler in the CUDA plugin, the `gpu-compile` extra, from gpu_targets/) and each device's HBM: no TPU or
-GPU is needed, the devices are descriptions a program can be compiled for, never run on.
-"""
+a GPU and count (`parse_gpu`) become devices a program is compiled for, never run on (jax.experimental.topologies via
+libtpu, the `tpu` extra, or the CUDA plugin, the `gpu-compile` extra, from gpu_targets/), and each device's HBM."""
 import contextlib
 import dataclasses
 import math
@@ -81,10 +79,9 @@ class Slice:
 
 @contextlib.contextmanager
 def _libtpu_environment(accelerator_type: str):
-  """What libtpu reads when it starts, for this process only while it does: the type and hosts a TPU VM would set
-  (elsewhere it logs errors without them), quiet logs, and no lock file (which keeps two processes, a test run's
-  workers, from describing slices at once). Restored after, so that programs this process starts do not take this
-  machine for a TPU VM."""
+  """What libtpu reads when it starts, set while it does: a TPU VM's type and hosts (it logs errors without them),
+  quiet logs, no lock file (two processes may describe slices at once). Restored after, so that programs this process
+  starts do not take this machine for a TPU VM."""
   settings = dict(TPU_ACCELERATOR_TYPE=accelerator_type, TPU_WORKER_HOSTNAMES="localhost", TPU_STDERR_LOG_LEVEL="2",
                   ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   saved = {k: os.environ.get(k) for k in settings}

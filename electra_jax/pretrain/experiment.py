@@ -1,7 +1,6 @@
-"""What one pre-training config compiles: the model, the optimiser, the one pure train step (ELECTRA's loss under
-parallel/update.py's update) and the evaluation step, jitted over the mesh (sharding.py), and the
-evaluation that sums on device. The config's sections become frozen dataclasses here, once (ObjectiveConfig,
-ModelConfig, optim.Recipe): the traced code reads those."""
+"""What one pre-training config compiles: the model, the optimiser, the pure train step (ELECTRA's loss under
+parallel/update.py's update) and eval step jitted over the mesh, and the evaluation that sums on device. The config's
+sections become frozen dataclasses here, once (ObjectiveConfig, ModelConfig, optim.Recipe): traced code reads those."""
 import dataclasses
 import functools
 from typing import Callable
@@ -19,8 +18,7 @@ from electra_jax.parallel import update as update_lib
 
 
 def train_loss(params, batch, rows, rng, *, model, objective, special, word_starts=None, **stage):
-  """mask → G → sample → stop_gradient → D → loss, of the rows `rows` of a batch (objectives.compute_loss): what
-  update.step takes the gradient of, for one update of G and D together."""
+  """mask → G → sample → D → loss of a batch's rows `rows` (objectives.compute_loss): what update.step differentiates."""
   return objectives.compute_loss(model, params, batch, rng, objective, special, word_starts, rows=rows, **stage)
 
 
@@ -86,8 +84,7 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
 
 
 def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
-  """The steps the loop runs, each with ShapeDtypeStructs of its arguments on the experiment's mesh: what aot.py
-  compiles for a TPU slice without materialising anything."""
+  """The steps the loop runs, each with ShapeDtypeStructs of its arguments on the experiment's mesh (for aot.py)."""
   state = exp.sharded.abstract()
   batch = functools.partial(aot.int_batch, batch=exp.config.train.batch_size, seq_len=exp.config.data.seq_len)
   rng = aot.key_struct(exp.sharded.replicated)
@@ -96,9 +93,8 @@ def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
 
 
 def evaluate(exp: Experiment, params, batches, step: Callable | None = None) -> dict:
-  """Metrics over `batches`, summed on device and fetched once: means, the discriminator's precision and recall on
-  replaced tokens, and its ROC AUC (replaced vs original over every non-pad token). `step`: exp.eval, or that step
-  compiled ahead for these shapes."""
+  """Metrics over `batches`, summed on device and fetched once: means, and the discriminator's precision, recall and
+  ROC AUC on replaced tokens. `step`: exp.eval, or that step compiled ahead."""
   rng = jax.random.key(exp.config.train.seed + 1)
   totals, n = None, 0
   for batch in batches:

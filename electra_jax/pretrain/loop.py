@@ -1,6 +1,5 @@
-"""The pre-training loop's own part: restore or init as the run's plan says (the input position included), batches
-from the input pipeline, logging with throughput, held-out evaluation; the shared loop (run/loop.py) runs the
-steps, checkpoints and preemption."""
+"""The pre-training loop's own part: restore or init as the plan says (the input position included), batches, logging
+with throughput, held-out evaluation; run/loop.py runs the steps, checkpoints and preemption."""
 import functools
 import time
 from typing import Callable
@@ -30,10 +29,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def train(plan: plan_lib.Plan) -> TrainState:
-  """Pre-trains as `plan` says. Stops early, after saving, on SIGTERM/SIGINT; raises FloatingPointError after
-  train.max_bad_steps non-finite steps in a row (none applied, nor saved; loop.Guard). Bad input raises
-  ValueError/OSError before anything is written. Holds the workdir's lock (workdir.Lock) throughout: a second writer
-  there is refused."""
+  """Pre-trains as `plan` says, holding the workdir's lock. Stops early, after saving, on SIGTERM/SIGINT; raises
+  FloatingPointError after train.max_bad_steps non-finite steps in a row (loop.Guard); bad input raises
+  ValueError/OSError before anything is written."""
   clock = goodput.Clock()
   with workdir_lib.Lock(plan.workdir, "electra-pretrain") as lock:
     exp = experiment.create(plan.config, plan.data.special_ids, word_starts=plan.data.word_starts)
@@ -43,15 +41,14 @@ def train(plan: plan_lib.Plan) -> TrainState:
 def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workdir: str, lock: workdir_lib.Lock,
           clock: goodput.Clock, start: plan_lib.Start, checked: Callable[[], object] = lambda: None,
           step_fn: Callable | None = None) -> TrainState:
-  """Pre-training's loop in `workdir` from `start` (restore_or_init): the input stream, metrics, evaluation and
-  checkpoints around `step_fn` (exp.step; electra-bench --host_loop gives one that costs nothing, to time the rest).
-  `checked()` runs once the input's first batch was read: the last check before anything is written."""
+  """Pre-training's loop in `workdir` from `start`: input, metrics, evaluation and checkpoints around `step_fn`
+  (exp.step; electra-bench --host_loop's costs nothing). `checked()` runs once the first batch was read."""
   train = exp.config.train
   ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
   state, saved, rng = restore_or_init(exp, ckpt, start)
   ckpt.check_start(int(state.step))
   body = PreTraining(exp, prepared, int(state.step), saved)
-  checked()  # Every check passed: only now is anything written.
+  checked()  # the last check: only now is anything written
   writer = metrics_lib.Writer(workdir, int(state.step))
   settings = loop_lib.Settings.of(train, train.num_steps, train.eval_every)
   state, _ = loop_lib.run(body, state, step_fn or exp.step, rng, settings, desc="pre-training", ckpt=ckpt, lock=lock,
@@ -60,9 +57,9 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
 
 
 class PreTraining:
-  """What pre-training brings to loop.run: the input pipeline's batches (placed on the devices ahead), a metrics.jsonl
-  row (throughput included, held-out evaluation at eval steps) at each log step, and the input position in each
-  checkpoint (`extra`), resumed from `saved` (the extra of the checkpoint at step `start`; None: a fresh start)."""
+  """What pre-training brings to loop.run: batches placed on the devices ahead, a metrics.jsonl row (throughput,
+  evaluation at eval steps) each log step, and the input position in each checkpoint (`extra`), resumed from `saved`
+  (the extra of the checkpoint at step `start`; None: a fresh start)."""
 
   def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData, start: int,
                saved: dict | None = None):
@@ -109,9 +106,8 @@ class PreTraining:
 
 
 def host_function(fn: Callable) -> Callable[[int], float]:
-  """`fn` (of a step number: a learning-rate schedule's jnp ops) compiled now for this host's CPU, returning a float:
-  a log step's call runs one small program there, instead of eager ops that each dispatch (and, on an accelerator,
-  would wait behind the steps queued on it)."""
+  """`fn` of a step number (a schedule) compiled now for this host's CPU, returning a float: one small program a log
+  step, not eager ops that would wait behind the steps queued on an accelerator."""
   try:
     device = jax.local_devices(backend="cpu")[0]
   except RuntimeError:  # JAX_PLATFORMS without cpu
@@ -123,9 +119,8 @@ def host_function(fn: Callable) -> Callable[[int], float]:
 
 
 def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
-  """(state, what the checkpoint carries besides it or None, rng) the run starts from, as `start` says: the workdir's
-  latest checkpoint on the current mesh, or fresh from train.seed with its init weights when set, and with their
-  optimiser state and step too under with_state (a second phase on other data: the input position starts afresh)."""
+  """(state, the checkpoint's extra or None, rng) as `start` says: the workdir's latest checkpoint on this mesh, or
+  fresh from train.seed with its init weights (and their optimiser state and step under with_state)."""
   seed = exp.config.train.seed
   rng = jax.random.fold_in(jax.random.key(seed), 1)
   if start.resume_step is None:

@@ -1,7 +1,6 @@
 """What a pre-training run is, decided once at its entrance before anything is built or written: the prepared data
-and its tokenizer (init_from's when data.tokenizer names none), whether the workdir resumes (from which step) or
-starts fresh (from which weights), and what differs from the config the workdir saved. The experiment and the loop
-take its parts and decide none of them again; it is printed at start and written to WORKDIR/plan.json."""
+and tokenizer, whether the workdir resumes (from which step) or starts fresh (from which weights), and what differs
+from the workdir's config. Nothing later decides them again; printed at start and written to WORKDIR/plan.json."""
 import dataclasses
 
 import ml_collections
@@ -62,9 +61,8 @@ class Plan:
 
 
 def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> Plan:
-  """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input (config, data,
-  workdir, init_from), before anything is built or written. The workdir holds no other run unless
-  `allow_config_change`."""
+  """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input, before anything is
+  built or written. The workdir holds no other run unless `allow_config_change`."""
   train = config.train
   resume_step = checkpoints.latest_step(workdir)
   config, init = sources.init_source(config, resuming=resume_step is not None)
