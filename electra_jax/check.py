@@ -3,8 +3,8 @@
   electra-check --data_dir=data/small
   electra-check --data_dir=gs://BUCKET/data      # fetches every shard into this host's local copy
 
-Every dataset electra-prepare wrote there, each shard read whole, against what it recorded (data/check.py). One line
-per dataset found well, one "electra-check: error: ..." line per problem; exit status 0 only when all is well.
+Reads every shard of every dataset electra-prepare wrote there against what it recorded: one line per dataset found
+well, one "electra-check: error: ..." line per problem; exit status 0 only when all is well.
 """
 import sys
 

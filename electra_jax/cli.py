@@ -1,10 +1,6 @@
-"""What every electra-* command shares: flag parsing, the one-line error, and --help.
-
-Bad input (a bad flag, config key or value, a config file that does not load, extra arguments, a missing optional
-package, and the USER_ERRORS the library raises for bad data, workdirs and checkpoints) ends a command with one line
-"<command>: error: ..." on stderr and exit status 1; `-v=1` also logs the traceback. Anything else is a bug, and keeps
-its traceback. --help prints the command's docstring and its own flags; --helpfull adds every library flag.
-"""
+"""What every electra-* command shares: flag parsing, --help, and the one-line error: bad input (flags, config keys
+and values, a missing optional package, USER_ERRORS the library raises) ends a command with "<command>: error: ..."
+on stderr and exit status 1 (`-v=1` also logs the traceback); anything else is a bug, and keeps its traceback."""
 import sys
 import textwrap
 from typing import Callable, Sequence
@@ -32,8 +28,7 @@ def fail(command: str, message) -> None:
 
 
 def describe_flag_error(e: Exception) -> str:
-  """A flag-parsing error in words: config_flags reports a misspelt key as a KeyError or an AttributeError (around a
-  KeyError, one level down), whose text is the key's repr and a "Did you mean" hint."""
+  """A flag-parsing error in words (config_flags gives a misspelt key as a KeyError or an AttributeError around one)."""
   if not isinstance(e, (KeyError, AttributeError)):
     return str(e)
   cause = e.args[0] if e.args else e
@@ -77,9 +72,8 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
 
 def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags.FlagHolder],
         required: Sequence[str] = (), needs: Sequence[str] = ()):
-  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app): `own` are its flags, `required`
-  their names that must be given, `needs` the optional packages it cannot run without (gcsfs where any value is a
-  gs:// path). Commands define `own` in run(), never at import, so one process can import several as libraries."""
+  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app); `needs`: the optional packages it
+  cannot run without. Commands define `own` in run(), never at import, so that one process can import several."""
   storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 

@@ -4,11 +4,10 @@
   electra-export --workdir=runs/demo --output=exports/demo_step1000 --step=1000
   electra-export --workdir=runs/demo --output=exports/demo --overwrite                 # replace an earlier export
 
-Writes OUT/ (the discriminator: ElectraForPreTraining), OUT/generator/ (ElectraForMaskedLM), each with
-model.safetensors, config.json and the tokenizer (tokenizer.json for AutoTokenizer, with the same ids as our pipeline,
-beside our own tokenizer file). OUT, local or gs://, is complete or absent; it may not be, contain or lie inside what
-it reads. The workdir may be a live run's: export deletes nothing there. electra-finetune and train.init_from read
-such a directory back, ours or a released google/electra-* one (docs/api.md).
+Writes OUT/ (the discriminator: ElectraForPreTraining) and OUT/generator/ (ElectraForMaskedLM), each with
+model.safetensors, config.json and the tokenizer (tokenizer.json too, same ids). OUT, local or gs://, is complete or
+absent, apart from what it reads; the workdir may be a live run's. electra-finetune and train.init_from read such a
+directory back, ours or a released google/electra-* one (docs/api.md).
 """
 from absl import flags, logging
 
@@ -27,7 +26,7 @@ def main(workdir, output, step, overwrite):
   # pylint: disable=g-import-not-at-top  (only now: bad flags are refused without them)
   from electra_jax.run import weights
   from electra_jax.run import workdir as workdir_lib
-  workdir_lib.check_writable(output, "--output")  # a directory, or one that can be made: not a file, nor under one
+  workdir_lib.check_writable(output, "--output")
   weights.export_hf(workdir, output, step, overwrite)
   logging.info("Exported %s to %s", workdir, output)
 

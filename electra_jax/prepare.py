@@ -6,8 +6,8 @@
   electra-prepare --config=configs/demo.py --repair                          # a damaged dataset rebuilt bit for bit
 
 Re-running with the same inputs does nothing (but rebuild a dataset whose shard is missing or of another size);
-changed inputs are rebuilt. --repair rebuilds a damaged dataset bit for bit, so that a run stopped by the damage
-resumes where it stopped. With --config.train.init_from, that model's tokenizer is kept. See docs/data.md.
+changed inputs are rebuilt; --repair rebuilds a damaged dataset bit for bit, so that a stopped run resumes. With
+--config.train.init_from, that model's tokenizer is kept. See docs/data.md.
 """
 import contextlib
 import os
@@ -32,8 +32,8 @@ def _identity(corpus, tok, num_shards: int) -> dict:
 
 def build(config, beam_options: str = "", repair: bool = False) -> prepared.PreparedData:
   """Tokenizer, then packed examples, for config.data (the one writer of prepared data); a no-op when they exist for
-  the same inputs with the recorded shard sizes. `beam_options`: a Beam pipeline makes the examples (data/beam.py).
-  `repair`: every shard of the dataset the commands find for `config` is read whole, and a damaged one rebuilt."""
+  the same inputs and shard sizes. `beam_options`: made by Beam. `repair`: every shard read whole, a damaged one
+  rebuilt."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   if beam_options:
     packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
@@ -84,8 +84,7 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
       return prepared.load(config)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
-  # A gs:// dataset is built locally (on Beam: in a gs:// directory of this launch's own), then copied into place
-  # with dataset_info.json, what `load` looks for, last.
+  # A gs:// dataset is built locally (on Beam: in a gs:// directory of its own), then copied with dataset_info.json last.
   remote = storage.is_remote(data.data_dir)
   staging = storage.temp_path(path) if remote and beam_options else None
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
@@ -118,7 +117,7 @@ def _problems(dataset: str, whole: bool) -> list[str]:
 
 
 def _compare(dataset: str, recorded: dict):
-  """Says whether the rebuilt shards are the bytes first written (so that a run resumes on them where it stopped)."""
+  """Says whether the rebuilt shards are the bytes first written (a run resumes on them where it stopped)."""
   rebuilt = prepared.metadata(dataset).get("files")
   if rebuilt == recorded:
     logging.info("Repaired %s: its %d shards are bit-identical to those first written (CRC-32s as recorded): a run "
@@ -132,7 +131,6 @@ def _compare(dataset: str, recorded: dict):
 
 @contextlib.contextmanager
 def _removed(directory: str):
-  """Deletes `directory` when the block ends, however it ends."""
   try:
     yield
   finally:

@@ -1,10 +1,5 @@
-"""Orbax checkpoints: a training workdir's, and bare parameter trees (a params-only export).
-
-<workdir>/checkpoints/<step>/ holds `state` (the TrainState), `data` (the loop's JSON payload and the tokenizer's
-fingerprint), `rng`, `config` and `checksums` (checksums()). Saves are asynchronous and atomic; restoring places every
-array with the current mesh's shardings and checks the checksums, passing a corrupt checkpoint over for the newest
-intact one (docs/reliability.md, "Checkpoints").
-"""
+"""Orbax checkpoints: a training workdir's (asynchronous, atomic, checked against their checksums when restored:
+docs/reliability.md, "Checkpoints"), and bare parameter trees (a params-only export)."""
 import contextlib
 import json
 import os
@@ -26,8 +21,7 @@ from electra_jax.data import prepared
 from electra_jax.parallel import sharding
 from electra_jax.runtime import outage, storage
 
-# Each host writes whole arrays: Orbax's default slices every replicated array into a piece per replica, one
-# dispatched op each, which for hundreds of small arrays costs more than it saves at an encoder's sizes.
+# Each host writes whole arrays: Orbax's default slice per replica costs a dispatched op for each of hundreds of arrays.
 ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
                                         override=True)
 
@@ -51,9 +45,8 @@ class CorruptCheckpointError(ValueError):
 
 
 class OtherModelError(ValueError):
-  """A checkpoint of another model than the run builds: at `name` its array is `saved`, the run's `wanted` (a shape,
-  or None where one side has none). `saved_config`, the config it was written with, lets the caller say which of its
-  own settings differ."""
+  """A checkpoint of another model than the run builds: at `name` its array is `saved`, the run's `wanted` (a shape or
+  None); `saved_config` is the config it was written with."""
 
   def __init__(self, where: str, name: str, saved, wanted, saved_config: dict | None = None):
     super().__init__(f"{where} holds a model of other shapes than this config builds (e.g. {name}: {saved} saved, "
@@ -68,16 +61,15 @@ class Checkpointer:
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None,
                read_only: bool = False):
-    """`workdir`: an absolute path, as Orbax wants. read_only: a reader's (export, init_from), which may read a live
-    run's workdir, so it deletes nothing."""
+    """`workdir`: an absolute path. read_only: a reader's (export, init_from), which deletes nothing of a live run."""
     self.config = config
     self.directory = os.path.join(workdir, "checkpoints")
     self.last_saved = None
     self.restored_step = None
     self._failure = None  # the failed save's one-line error, once reported
-    self._state_bytes = 0  # the size of the state being saved
+    self._state_bytes = 0
     self._pending = None  # (step, its save's args, its state) of the newest save: what a failed last save retries
-    self._retries = 0  # failed saves retried in a row
+    self._retries = 0
     self._tokenizer = prepared.fingerprint(tokenizer_path) if tokenizer_path else None
     if read_only:  # every option Orbax would otherwise turn off with a warning each
       self._options = ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, create=False,
@@ -105,8 +97,7 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def check_start(self, step: int):
-    """A run continues from `step` (its restored or initial state's) only where the loop's dispatches of
-    train.steps_per_dispatch steps end, as its saves do: checked before anything is written."""
+    """A run continues from `step` only where a dispatch of train.steps_per_dispatch steps ends, as its saves do."""
     k = self.config.train.steps_per_dispatch
     if step % k:
       raise ValueError(f"the run starts from step {step}, not a multiple of train.steps_per_dispatch={k}: continue it "
@@ -122,13 +113,12 @@ class Checkpointer:
             f"no checkpoint was complete yet under {self.directory}")
 
   def should_save(self, step: int) -> bool:
-    """Whether `save(step, ...)` would save: the interval is due, or the hosts reached a preemption sync point."""
     return self._manager.should_save(step)
 
   def save(self, step: int, state, extra: dict | None = None, force: bool = False,
            rng: jax.Array | None = None) -> bool:
     """Starts saving in the background (a failed earlier save raises here); True if this step is being saved.
-    `extra`: what the loop needs besides the state and rng to resume (JSON), given back by restore as it was."""
+    `extra`: the loop's JSON payload, given back by restore."""
     if not (force or self._manager.should_save(step)):
       return False
     data = dict(extra or {}, **{TOKENIZER_KEY: self._tokenizer})
@@ -152,9 +142,8 @@ class Checkpointer:
     return saved
 
   def _retry(self, e: Exception) -> bool:
-    """Whether to save again after the failed save `e`, and if so readies it: on gs://, a single-process run waits
-    for the store to answer and opens a new manager (which deletes the failed save's leftovers), RETRIES times in a
-    row at most. Several processes would have to agree on a retry: there a failed save ends the run."""
+    """Whether to save again after the failed save `e` (readied if so): on gs://, a single-process run waits for the
+    store and opens a new manager, RETRIES times in a row at most; several processes would have to agree on it."""
     if not storage.is_remote(self.directory) or jax.process_count() > 1 or self._retries >= RETRIES:
       return False
     self._retries += 1
@@ -169,10 +158,10 @@ class Checkpointer:
     return True
 
   def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
-    """The checkpoint at `step` (default: the newest intact one; newer corrupt ones warned of, and renamed to
-    <step>.corrupt if `set_aside_corrupt`), placed with `abstract_state`'s shardings (a dict: that part only; None:
-    as saved, whole on every device) and checked against its checksums. A one-line ValueError when none is intact or
-    one cannot continue this run's model or tokenizer; FileNotFoundError when there is none."""
+    """The checkpoint at `step` (default: the newest intact one; newer corrupt ones warned of, renamed <step>.corrupt
+    if `set_aside_corrupt`), placed with `abstract_state`'s shardings (a dict: that part only; None: whole on every
+    device), checked against its checksums. A one-line ValueError when none is intact or fits; FileNotFoundError when
+    there is none."""
     if step is not None:
       return self._restore(abstract_state, step)
     if not self._manager.all_steps():
@@ -243,7 +232,6 @@ class Checkpointer:
     return Restored(state, extra, rng, saved.config)
 
   def _set_aside(self, step: int) -> str:
-    """Renames a corrupt checkpoint out of Orbax's sight (process 0; every process waits for it)."""
     path = epath.Path(self.directory) / str(step)
     target = path.with_name(f"{step}.corrupt")
     n = 1
@@ -300,8 +288,8 @@ class Checkpointer:
 
 
 def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None = None):
-  """An OtherModelError naming the first array where `saved_tree` and `wanted_tree` differ in shape; a ValueError naming
-  train.flat_update (or mesh.fsdp) where only the optimiser state's layout differs."""
+  """An OtherModelError naming an array whose shape differs; a ValueError naming train.flat_update (or mesh.fsdp)
+  where only the optimiser state's layout differs."""
   saved, wanted = _shapes(saved_tree), _shapes(wanted_tree)
   if saved != wanted:
     differ = sorted(set(saved.items()) ^ set(wanted.items()))
@@ -326,8 +314,7 @@ def as_saved(tree_metadata):
 
 
 def _remove_tmp_dirs(directory: str, quiet_s: float = 1.0, limit_s: float = 60.0):
-  """Deletes <step>.orbax-checkpoint-tmp* under `directory` until none appears for `quiet_s` (TensorStore finishes
-  writes already started after Orbax stops)."""
+  """Deletes <step>.orbax-checkpoint-tmp* until none appears for `quiet_s` (TensorStore finishes started writes)."""
   quiet_since = start = time.monotonic()
   while time.monotonic() - quiet_since < quiet_s and time.monotonic() - start < limit_s:
     for tmp in epath.Path(directory).glob("*.orbax-checkpoint-tmp*"):
@@ -349,7 +336,7 @@ def _without_read_only_notice():
 
 
 def _first_line(e: BaseException) -> str:
-  # Orbax appends "See full TensorStore details: <a bound method's repr>" to TensorStore's errors: noise to a user.
+  # Orbax appends "See full TensorStore details: <a bound method's repr>": noise to a user.
   text = str(e).strip().split(" See full TensorStore details")[0]
   return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
@@ -369,8 +356,7 @@ def _shapes(tree) -> dict:
 
 
 def _flat_rows(shapes: dict) -> int | None:
-  """The mesh.fsdp a flat optimiser state was laid out for (optim.FlatLayout: its matrix's rows, 1 without one), or
-  None for a state per weight array (a few arrays per weight, where a flat one has a few in all)."""
+  """The mesh.fsdp a flat optimiser state was laid out for (its matrix's rows, else 1), or None for one per weight."""
   moments = [shape for name, shape in shapes.items() if name.startswith("opt_state.")]
   if len(moments) > sum(name.startswith("params.") for name in shapes):
     return None
@@ -381,9 +367,8 @@ CHECKSUM = "sum32"  # the kind of checksums() a checkpoint holds; older ones hol
 
 
 def checksums(tree) -> dict:
-  """{"kind": CHECKSUM, "arrays": {name: checksum}}: of each array, the sum of its 32-bit words each times an odd
-  multiplier of its place, modulo 2^32. A change of any one word changes it; it is the same on any mesh and computed
-  where the arrays live, so a save copies nothing to the host."""
+  """{"kind": CHECKSUM, "arrays": {name: checksum}}: each array's 32-bit words times an odd multiplier of their place,
+  summed modulo 2^32, where the arrays live (docs/reliability.md): the same on any mesh, and no copy to the host."""
   names, leaves = zip(*_named_leaves(tree)) if jax.tree.leaves(tree) else ((), ())
   return dict(kind=CHECKSUM, arrays=dict(zip(names, map(int, jax.device_get(_sums(list(leaves)))))))
 
@@ -429,7 +414,7 @@ def _sum32(x: jax.Array) -> jax.Array:
 
 
 def non_finite(tree) -> list[str]:
-  """The names of `tree`'s floating-point arrays that hold a NaN or Inf, computed where each lives."""
+  """The names of `tree`'s floating-point arrays that hold a NaN or Inf."""
   named = [(name, x) for name, x in _named_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
   flags = jax.device_get(_all_finite([x for _, x in named])) if named else []
   return [name for (name, _), finite in zip(named, flags) if not finite]
@@ -447,14 +432,13 @@ def _crc32s(tree) -> dict:
 
 
 def latest_step(workdir: str) -> int | None:
-  """The newest complete step workdir/checkpoints holds, or None, read without a CheckpointManager (one closed just
-  before an error exit can leave Orbax's thread printing a traceback at shutdown)."""
+  """The newest complete step under workdir/checkpoints, or None, read without a CheckpointManager (whose thread can
+  print a traceback at an error exit)."""
   return max(ocp.path.step.checkpoint_steps(epath.Path(storage.absolute(workdir)) / "checkpoints"), default=None)
 
 
 def read_state(workdir: str, config: ml_collections.ConfigDict, target=None, step: int | None = None):
-  """The state (or the part of it `target` names) of `workdir`'s checkpoint at `step` (default: the latest intact
-  one), read without writing: it may be a live run's workdir."""
+  """The state (or `target`'s part) of `workdir`'s checkpoint at `step` (default: the latest intact), read only."""
   with contextlib.closing(Checkpointer(workdir, config, read_only=True)) as ckpt:
     return ckpt.restore(target, step).state
 
@@ -466,8 +450,7 @@ def save_params(directory: str, params):
 
 
 def restore_params(directory: str, abstract_params=None):
-  """save_params' tree at the absolute path `directory`, placed per `abstract_params`' shardings (an OtherModelError
-  where it has other shapes); None: as saved, whole on every device."""
+  """save_params' tree at the absolute `directory`, placed per `abstract_params` (None: whole on every device)."""
   with ocp.StandardCheckpointer() as ckptr:
     saved = ckptr.metadata(directory).item_metadata.tree
     if abstract_params is None:

@@ -1,5 +1,4 @@
-"""Where a training run's wall time goes (PHASES; goodput is the share spent on steps), written into metrics.jsonl and
-printed at the end of each run with the total over the workdir's sessions."""
+"""Where a run's wall time goes (PHASES; goodput: the share spent on steps), for metrics.jsonl and the final lines."""
 import contextlib
 import json
 import time
@@ -16,7 +15,7 @@ class Clock:
   def __init__(self):
     self.t0 = time.monotonic()
     self.seconds = dict.fromkeys(PHASES, 0.0)
-    self.stepped = False  # whether a "step" phase was timed: the first is "compile" (it compiles the step)
+    self.stepped = False  # the first "step" phase is "compile"
 
   @contextlib.contextmanager
   def phase(self, name: str):
@@ -49,7 +48,7 @@ def describe(split: dict) -> str:
 
 
 def total(workdir: str) -> dict | None:
-  """The split summed over every session metrics.jsonl records (None for a workdir of one session)."""
+  """The split summed over the sessions metrics.jsonl records (None for one session)."""
   path = epath.Path(workdir) / "metrics.jsonl"
   rows = [r for r in map(json.loads, path.read_text().splitlines()) if "goodput" in r] if path.exists() else []
   if len(rows) < 2:

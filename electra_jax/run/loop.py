@@ -1,6 +1,5 @@
-"""The training loop pre-training and fine-tuning share: progress bar, preemption, the NaN/Inf guard, profiling,
-checkpoints and closing. A loop brings its own part as a `Body`: its batches, what it does after a step, what its
-checkpoints carry."""
+"""The training loop pre-training and fine-tuning share (preemption, the NaN/Inf guard, profiling, checkpoints); each
+brings its own part as a `Body`."""
 import collections
 import concurrent.futures
 import contextlib
@@ -28,17 +27,16 @@ SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured ag
 
 
 class Guard:
-  """Watches each step's loss, gradient norm and `skipped` flag, and the state before each save: stops the run in one
-  line (FloatingPointError) at train.max_bad_steps steps not applied in a row or at non-finite weights, and warns of
-  (under train.stop_on_spike, stops at) a loss above train.spike_factor times the recent median. Nothing is saved
-  after the step that stops the run, so every checkpoint holds a state checked finite."""
+  """Stops the run in one line (FloatingPointError) at train.max_bad_steps steps not applied in a row or at non-finite
+  weights before a save, and warns of (train.stop_on_spike: stops at) a loss above train.spike_factor times the recent
+  median. Nothing is saved after the step that stops the run: every checkpoint holds a state checked finite."""
 
   def __init__(self, ckpt: checkpoints.Checkpointer, max_bad_steps: int, spike_factor: float = 0.0,
                stop_on_spike: bool = False):
     self._ckpt, self._max_bad = ckpt, max_bad_steps
     self._spike_factor, self._stop_on_spike = spike_factor, stop_on_spike
     self._bad = 0  # steps not applied in a row
-    self._recent = collections.deque(maxlen=SPIKE_WINDOW)  # the losses of the last applied steps
+    self._recent = collections.deque(maxlen=SPIKE_WINDOW)
 
   def check(self, step: int, loss: float, grad_norm: float, skipped: bool):
     where = f"loss={loss} grad_norm={grad_norm} at step {step}"
@@ -61,16 +59,15 @@ class Guard:
       logging.warning("%s", spike)
 
   def check_state(self, step: int, bad: list[str]):
-    """Before the state of step `step` is saved: `bad`, its arrays that hold a NaN or Inf (checkpoints.non_finite),
-    must be none (an update of finite loss and gradient can still overflow the weights)."""
+    """`bad`: the arrays of step `step`'s state that hold a NaN or Inf, before it is saved (a finite update can still
+    overflow the weights)."""
     if bad:
       raise FloatingPointError(self._stopped(
           f"the state after step {step} is not finite (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): an update at or "
           "before it overflowed the weights", step))
 
   def _stopped(self, why: str, step: int, gave_it: int | None = None) -> str:
-    """`why` the run stops at `step`, and the checkpoint it keeps (`gave_it`: the step whose weights gave the loss
-    that stops it)."""
+    """`why` the run stops at `step`, and the checkpoint it keeps (`gave_it`: the step whose weights gave the loss)."""
     ckpt = self._ckpt
     resumed = ckpt.restored_step
     if ckpt.last_saved is None and resumed is not None and resumed == step - self._bad:  # nothing good since it
@@ -85,10 +82,9 @@ class Guard:
 
 
 class Watcher:
-  """Stopping cleanly: SIGTERM (a preemption notice) or SIGINT (Ctrl-C) ends the run after the current step, which `run`
-  then saves; `reached(step)` is True at that step. With several processes JAX's preemption service owns SIGTERM and
-  makes every host stop at the same step; Ctrl-C is routed through it. A second signal while stopping is logged and
-  ignored: it would break off the save. Use as a context manager."""
+  """SIGTERM (a preemption notice) or SIGINT ends the run after the current step, which `run` saves; `reached(step)` is
+  True at that step. With several processes JAX's preemption service owns SIGTERM (Ctrl-C goes through it) and stops
+  every host at the same step. A second signal while stopping is ignored: it would break off the save."""
 
   def __init__(self):
     self.signal = None
@@ -128,8 +124,8 @@ class Watcher:
 
 
 class Profile:
-  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin reads
-  <log_dir>/plugins/profile/); with several steps a dispatch, of the dispatches that end in that range, whole."""
+  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin), in whole
+  dispatches."""
 
   def __init__(self, log_dir: str, start: int, count: int):
     self.log_dir, self.start, self.end = log_dir, start, start + count - 1
@@ -137,8 +133,7 @@ class Profile:
 
   @contextlib.contextmanager
   def step(self, step: int, state: Callable[[], Any]):
-    """Annotates the dispatch that ends at `step` in the trace (started at `start` or the first step after); at `end`
-    waits for `state()` before stopping, so the trace holds the steps' device work, not just their dispatch."""
+    """Annotates the dispatch that ends at `step`; at `end` waits for `state()`, so the trace holds the device work."""
     if not self.traced and self.start <= step and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
       self.active = self.traced = True
@@ -160,7 +155,7 @@ class Profile:
 
 class InFlight:
   """The dispatches whose metrics are still on the device, read two dispatches late so that the next ones are queued
-  while the host waits. A dispatch of k steps returns each metric stacked: the guard sees every step."""
+  meanwhile; the guard sees every step of a dispatch's stacked metrics."""
 
   def __init__(self, guard: Guard):
     self._guard = guard
@@ -168,9 +163,8 @@ class InFlight:
 
   def push(self, step: int, steps: int, step_metrics: dict, log: bool, fetch_all: bool
            ) -> list[tuple[int, list[float], dict | None]]:
-    """Adds a dispatch of `steps` steps ending at `step`; fetches the pending ones but the newest two (all if
-    `fetch_all`: before an evaluation or save) and has the guard check each step. Returns, in step order, (step, the
-    applied losses since the previous entry, the metrics as floats where `log`, else None)."""
+    """Adds a dispatch of `steps` steps ending at `step`; fetches and guards the pending ones but the newest two (all
+    if `fetch_all`). Returns, in step order, (step, the applied losses since, the metrics as floats where `log`)."""
     self._pending.append((step, steps, step_metrics, log))
     keep = 0 if fetch_all else 2
     done, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
@@ -201,12 +195,11 @@ class Body(Protocol):
 
   def after_step(self, step: int, state: TrainState | None, step_metrics: dict | None, losses: list[float],
                  log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
-    """Logs (to `writer`) and evaluates as the step asks. `losses`: the applied steps' since the last call.
-    `step_metrics`: floats where it logs or evaluates, else None. A log step's call comes a dispatch or two late, with
-    `state` None; an evaluation's at once, with its state. Returns the progress bar's postfix, if any."""
+    """Logs and evaluates as the step asks (`losses`: the applied steps' since the last call; `step_metrics`: floats or
+    None). A log step's call comes a dispatch or two late, with `state` None. Returns the progress bar's postfix."""
 
   def extra(self) -> dict:
-    """What a checkpoint carries besides the state and rng (JSON): what the loop needs to resume."""
+    """What a checkpoint carries besides the state and rng (JSON) for the loop to resume."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,10 +222,8 @@ class Settings:
 
 
 def compile_ahead(targets: Callable[[], list], name: str) -> concurrent.futures.Future:
-  """The step `name` of `targets()` (a command's compile_targets: (name, jitted step, its arguments'
-  ShapeDtypeStructs), the train step first), and each save's checks of the train step's state, compiled in a thread
-  beside the first train step's compile rather than at the first evaluation and save (from the compilation cache when
-  it holds them). Returns the compiled step's future."""
+  """The step `name` of `targets()` (a command's compile_targets, the train step first) and the save's checks of the
+  train state, compiled in a thread beside the first train step rather than at the first evaluation and save."""
   pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
   compiled = pool.submit(_compile, targets, name)
   pool.shutdown(wait=False)
@@ -249,12 +240,10 @@ def _compile(targets: Callable[[], list], name: str):
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settings: Settings, *, desc: str,
         ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock, writer: metrics_lib.Writer, clock: goodput.Clock,
         closers: Sequence[Callable[[], object]], done: Callable[[], bool] = lambda: False) -> tuple[TrainState, bool]:
-  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (k = steps_per_dispatch steps a call on
-  stacked batches) to num_steps: logs every log_every steps, evaluates every eval_every, both at the end; saves at
-  ckpt's interval, at the end and when SIGTERM/SIGINT stops the run; guards against non-finite steps and loss spikes
-  (Guard); ends early, saved, once `done()` says so. Times each phase on `clock`, profiles profile_steps steps after
-  the compiling one, watches the other processes (peers.py) and closes the bar, `closers`, the checkpointer and the
-  writer however it ends. Returns (state, whether a signal stopped it)."""
+  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (steps_per_dispatch steps a call) to
+  num_steps: logs, evaluates and saves on their cadences and at the end, saves when a signal stops the run, guards
+  (Guard), ends early once `done()`; times phases on `clock`, profiles, watches the other processes (peers.py) and
+  closes everything however it ends. Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   s, num_steps = settings, settings.num_steps
   bar = tqdm(total=num_steps, initial=int(state.step), desc=desc, unit="step", dynamic_ncols=True,
@@ -320,8 +309,8 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
 
 
 def collect(started: bool, scheduled: bool):
-  """Python's garbage collector on the loop's schedule (a pass taken mid-step stalls the next dispatch): after the
-  first step, what exists is frozen and automatic collection stops; a log step collects."""
+  """Python's garbage collector on the loop's schedule (a pass mid-step stalls the next dispatch): frozen and off
+  after the first step; a log step collects."""
   if started:
     gc.collect()
     gc.freeze()

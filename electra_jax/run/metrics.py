@@ -1,5 +1,5 @@
-"""What a run reports: metrics.jsonl (one JSON object per logged step) and TensorBoard scalars, rewound to the step a
-resumed run starts from, written by a thread of their own so the training loop never waits on a disk or a bucket."""
+"""What a run reports: metrics.jsonl and TensorBoard scalars, rewound to a resumed run's start, written by a thread of
+their own so the training loop never waits on a disk or a bucket."""
 import contextlib
 import json
 import os
@@ -16,8 +16,8 @@ from electra_jax.runtime import storage
 
 
 def _import_tensorboardx():
-  """tensorboardX's writers and protos, imported with torch held off: tensorboardX imports torch where installed, only
-  to accept torch tensors (we log floats), which slows every command's start."""
+  """tensorboardX's writers and protos, imported with torch held off (it would import torch only to accept its tensors,
+  slowing every command's start)."""
   hold = "torch" not in sys.modules
   if hold:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
@@ -44,10 +44,9 @@ def _jsonable(v):
 
 
 class Writer:
-  """Appends to <workdir>/metrics.jsonl and writes TensorBoard scalars under <workdir>/tensorboard (local or gs://),
-  on process 0 only. `write` queues the record for the writer's thread; its first error is raised by the next `write`
-  or by `close`, which waits for every queued record. Opened at `start_step`, it drops what a killed run logged past
-  that step."""
+  """Appends to <workdir>/metrics.jsonl and <workdir>/tensorboard on process 0, from a thread: `write` queues; the
+  thread's first error is raised by the next `write` or by `close`. Opened at `start_step`, it drops what a killed run
+  logged past it."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -108,9 +107,9 @@ class Writer:
 
 
 class RemoteLog:
-  """A file on gs:// that grows by appends (text or, `binary`, bytes): each flush uploads what was written since as an
-  object beside it, and Cloud Storage composes the file from the two, so the traffic grows with the run, not with its
-  square. An object holds at most 1,024 composed parts: every MAX_PARTS appends the file is uploaded whole instead."""
+  """A file on gs:// that grows by appends: each flush uploads what is new as an object beside it and Cloud Storage
+  composes the two, so the traffic grows with the run, not its square; every MAX_PARTS appends (an object holds at
+  most 1,024 parts) the file is uploaded whole."""
   MAX_PARTS = 512
 
   def __init__(self, path, binary: bool = False):
@@ -143,8 +142,8 @@ class RemoteLog:
 
 
 class _RemoteEvents:
-  """tensorboardX's writer factory for gs:// event files: RemoteLog's appends instead of its own GCS writer, which
-  uploads the whole file at every flush (quadratic in the run's length) and ignores the storage emulator."""
+  """tensorboardX's writer factory for gs:// event files: RemoteLog, not its GCS writer, which uploads the whole file
+  at every flush and ignores the storage emulator."""
 
   def open(self, path):
     return RemoteLog(path, binary=True)
@@ -157,7 +156,7 @@ record_writer.register_writer_factory("gs", _RemoteEvents())
 
 
 def _rewind(path: epath.Path, step: int):
-  """Keeps the records up to `step` (dropping a line cut by a kill), so a resumed run logs each step once."""
+  """Keeps the records up to `step` (and no line cut by a kill): a resumed run logs each step once."""
   if not path.exists():
     return
   kept = []

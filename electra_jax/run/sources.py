@@ -1,8 +1,6 @@
-"""What a weights source is (a pre-training workdir, a params export or an HF ELECTRA directory: train.init_from,
-electra-finetune's init_from, electra-export's --workdir) and which files it holds, from its files alone: nothing here
-reads weights or builds a model (weights.py loads them), so electra-prepare finds init_from's tokenizer without the
-model stack. `resolve` describes a source once (a run's plan holds it); `init_source` is the one place that decides
-which tokenizer a pre-training run uses."""
+"""What a weights source is (a pre-training workdir, a params export or an HF ELECTRA directory), told from its files
+alone, so that electra-prepare finds init_from's tokenizer without the model stack (weights.py loads them).
+`init_source` is the one place that decides which tokenizer a pre-training run uses."""
 import copy
 import dataclasses
 import json
@@ -45,20 +43,19 @@ def hf_tokenizer_file(directory: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """A weights source as its files describe it: what a run's plan decides once and weights.py loads from."""
   path: str  # absolute (a URL as it is)
   kind: str  # "hf" | "params" | "workdir"
   tokenizer: str  # the tokenizer file its weights were trained with
   generator: str = ""  # an HF discriminator's generator, kept in a directory apart (Google's releases)
   config: ml_collections.ConfigDict | None = None  # a workdir's or params export's config.json (HF: None)
-  # (path, what it is) of everything loading it reads, for storage.refuse_overlap: a workdir's config.json,
-  # checkpoints and tokenizer (not the whole workdir: an export inside it is fine), an export's whole directory.
+  # (path, what it is) of everything loading it reads, for storage.refuse_overlap (not a whole workdir: an export
+  # inside it is fine).
   inputs: tuple[tuple[str, str], ...] = ()
 
 
 def resolve(path: str, generator: str = "") -> Source:
-  """The source at `path` (with an HF discriminator, `generator`: its generator's directory); a one-line error where
-  it is none, or where a generator goes with another kind."""
+  """The source at `path` (`generator`: an HF discriminator's generator directory); a one-line error where it is none
+  or a generator goes with another kind."""
   what = kind(path)
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
@@ -79,11 +76,10 @@ def resolve(path: str, generator: str = "") -> Source:
 
 def init_source(config: ml_collections.ConfigDict, resuming: bool = False
                 ) -> tuple[ml_collections.ConfigDict, Source | None]:
-  """A pre-training config's train.init_from (with train.init_from_generator) as a Source, or None, and `config`
-  with data.tokenizer set to its tokenizer where it names none (and data.data_dir absolute): continued pre-training
-  keeps its weights' vocabulary, and electra-prepare and electra-pretrain both call this, so they agree on it. A
-  resuming run only takes the tokenizer from init_from, and none where data.tokenizer names one. One-line errors for
-  train.init_from_state without an optimiser state to continue, and for a tokenizer other than data.tokenizer."""
+  """train.init_from (with init_from_generator) as a Source, or None, and `config` with data.tokenizer set to its
+  tokenizer where it names none (data.data_dir absolute): continued pre-training keeps its weights' vocabulary, and
+  electra-prepare and electra-pretrain agree on it. A resuming run only takes the tokenizer, where it names none.
+  One-line errors for init_from_state without an optimiser state, and for a tokenizer other than data.tokenizer."""
   train, data = config.train, config.data
   if train.init_from_state and not train.init_from and not resuming:
     raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
@@ -106,7 +102,6 @@ def init_source(config: ml_collections.ConfigDict, resuming: bool = False
   if init and not data.tokenizer and not (epath.Path(own).exists() and
                                           prepared.fingerprint(own) == prepared.fingerprint(init.tokenizer)):
     config.data.tokenizer = init.tokenizer
-  # config.json names the prepared data by its absolute path: export and init_from read the tokenizer through it,
-  # from whatever directory they run in.
+  # Absolute in config.json: export and init_from read the tokenizer through it from any directory.
   config.data.data_dir = storage.absolute(data.data_dir)
   return config, init

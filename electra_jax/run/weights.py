@@ -1,9 +1,6 @@
-"""Where weights come from: the one reader of a pre-training workdir, a params-only export or an HF ELECTRA directory
-(a sources.Source: which, and its tokenizer, told from its files) into (config, params, tokenizer), used by export,
-fine-tuning and train.init_from (a workdir's whole training state for train.init_from_state), and the params-only
-export itself (config.json + params/, an Orbax checkpoint of the parameter tree without optimiser state).
-
-A new weight format is one more branch in `read`."""
+"""Where weights come from: the one reader of a sources.Source into (config, params, tokenizer), for export,
+fine-tuning and train.init_from (and a workdir's whole state for init_from_state), and the params-only export
+(config.json + params/, an Orbax checkpoint of the parameters). A new weight format is one more branch in `read`."""
 import os
 from typing import Any, NamedTuple
 
@@ -24,18 +21,14 @@ class Weights(NamedTuple):
 
 
 def load(source: str, step: int | None = None, with_params: bool = True, generator: str | None = None) -> Weights:
-  """The weights in the directory `source` (sources.py tells its kind; `generator`: an HF generator directory stored
-  apart from an HF discriminator, as Google's releases keep them): `read` of it."""
+  """`read` of the directory `source` (`generator`: an HF discriminator's generator, apart in Google's releases)."""
   return read(sources.resolve(source, generator or ""), step, with_params)
 
 
 def read(source: sources.Source, step: int | None = None, with_params: bool = True, target=None) -> Weights:
-  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one: one whose weights
-  are finite, checkpoints.Checkpointer.restore). `target`: the parameters' ShapeDtypeStructs carrying the shardings to
-  place them with, which they must fit (a one-line checkpoints.OtherModelError at the first difference); default: as
-  saved, whole on every device (the mesh they were trained on may not fit this host), HF weights as host arrays.
-  with_params=False reads the architecture and tokenizer only. Weights that are not finite are refused in one line,
-  whatever their kind: export and init_from never start from a diverged run."""
+  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), placed with
+  `target`'s shardings, which they must fit (checkpoints.OtherModelError); default: whole on every device, HF weights
+  as host arrays. with_params=False: the architecture and tokenizer only. Non-finite weights are refused in one line."""
   config, params = source.config, None
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.tokenizer, source.generator or None)
@@ -56,10 +49,8 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
 
 def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: int, with_state: bool = False,
                 num_steps: int = 0) -> state.TrainState:
-  """A fresh pre-training run's state on `sharded`'s mesh: initialised from `seed`, with the parameters of
-  train.init_from's `source` where there is one (restored onto this mesh), which must fit this config's. with_state
-  (train.init_from_state): the workdir `source`'s whole TrainState instead (its latest intact checkpoint), so that a
-  second phase goes on with the first's Adam moments and schedule, which must leave steps up to `num_steps`."""
+  """A fresh pre-training run's state on `sharded`'s mesh, from `seed`, with init_from's `source` parameters where
+  there is one; with_state (init_from_state): `source`'s whole TrainState, whose step must leave some to `num_steps`."""
   try:
     if not with_state:
       fresh = sharded.init(jax.random.key(seed))
@@ -79,8 +70,8 @@ def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: 
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
-  """Writes the parameters of `workdir`'s checkpoint at `step` (default: the latest) to `out_dir`: config.json and
-  params/, nothing else; all or nothing (storage.staged_dir). Run it on one host."""
+  """The parameters of `workdir`'s checkpoint at `step` (default: the latest) as config.json and params/ in `out_dir`,
+  all or nothing. Run it on one host."""
   source = sources.resolve(workdir)
   storage.refuse_overlap(out_dir, source.inputs, "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")

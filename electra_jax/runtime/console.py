@@ -1,7 +1,5 @@
-"""What a command shows its user, set up before its work starts (console.start): no TPU start-up where there is no
-TPU, log lines never appended to a progress bar's, and at the default verbosity the project's own lines and the
-libraries' warnings and errors but CHATTER (any --verbosity given logs every line as absl does).
-"""
+"""What a command shows its user (console.start): no TPU start-up where there is no TPU, log lines apart from the
+progress bars, and unless --verbosity is given only the project's lines and the libraries' warnings but CHATTER."""
 import glob
 import importlib.util
 import logging as std_logging
@@ -11,13 +9,12 @@ import sys
 from absl import flags, logging
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # electra_jax/, above runtime/
-# The project's code beside the package, run from a checkout (studies/finetune_demo.py is a step of `make demo`).
+# The project's code beside the package, run from a checkout (`make demo` runs studies/).
 OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d)
                        for d in ("configs", "studies", "benchmarks", "launch", "tests")))
-# Library warnings that every run logs and that ask nothing of the user (message prefixes): Orbax registering its own
-# handler for jax.Array once a process; TFDS naming the builder config of each dataset electra-prepare writes.
+# Prefixes of library warnings every run logs that ask nothing of the user (Orbax's, TFDS's).
 CHATTER = ("Type handler registry", "Using custom data configuration")
-# What a GPU's driver creates (the files JAX itself checks for NVIDIA's, WSL's /dev/dxg included; AMD's /dev/kfd).
+# What a GPU's driver creates (NVIDIA's, as JAX checks them, WSL's and AMD's).
 GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 GOOGLE_PCI_VENDOR = "0x1ae0"
 
@@ -41,9 +38,8 @@ def accelerator_attached() -> bool:
 
 
 def choose_platforms():
-  """JAX_PLATFORMS=cpu where libtpu or the CUDA plugin is installed (for electra-compile, which needs neither backend)
-  and neither a TPU nor a GPU is attached: JAX would otherwise print their failed start before a command's first
-  line. A JAX_PLATFORMS of the user's always wins. Call before anything starts JAX."""
+  """JAX_PLATFORMS=cpu where libtpu or the CUDA plugin is installed (for electra-compile) but no TPU or GPU is
+  attached, lest JAX print their failed start; the user's JAX_PLATFORMS wins. Call before anything starts JAX."""
   if ("JAX_PLATFORMS" in os.environ or accelerator_attached() or
       not any(importlib.util.find_spec(m) for m in ("libtpu", "jax_cuda12_plugin"))):
     return
@@ -63,8 +59,7 @@ def _project_voice(record: std_logging.LogRecord) -> bool:
 
 
 def _announce_downloads_only(announce):
-  """TFDS's "Downloading and preparing dataset ..." lines, for a real download only (electra-prepare's builder
-  downloads nothing)."""
+  """TFDS's "Downloading and preparing dataset ..." lines, for a real download only (not electra-prepare's)."""
   def announce_downloads(builder):
     if builder.info.download_size:
       announce(builder)
@@ -95,8 +90,7 @@ def _between_bars(emit):
 
 
 def start():
-  """What a command calls once its flags are parsed, before its work: JAX's platforms (choose_platforms), log lines
-  kept off the progress bars, and, unless --verbosity was given, the libraries' chatter left out."""
+  """What a command calls once its flags are parsed, before its work."""
   choose_platforms()
   handler = logging.get_absl_handler()
   writer = handler.python_handler  # what ABSLHandler.handle hands a record to, once it passed the filters

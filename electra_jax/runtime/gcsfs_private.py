@@ -1,6 +1,5 @@
-"""The one place that touches gcsfs's private names, to ride out a Cloud Storage outage (outage.py): its retried
-requests and its upload of a file's first chunk. tests/test_adapters.py resolves every name in NAMES against the
-installed gcsfs, so an upgrade that moves one fails there rather than in an outage."""
+"""The one place that touches gcsfs's private names, to ride out a Cloud Storage outage (outage.py);
+tests/test_adapters.py resolves every name in NAMES against the installed gcsfs."""
 # pylint: disable=protected-access
 from absl import logging
 
@@ -12,8 +11,7 @@ _REQUESTS = ("_request", "_get_file_request", "_get_file_concurrent")
 
 
 def lengthen_retries(seconds: float):
-  """Makes gcsfs retry a failed request with its own backoff (1, 2, 4 ... 32 s, then 32 s each) for longer than
-  `seconds` rather than its default of about 30 s."""
+  """Makes gcsfs retry a failed request with its backoff (1, 2, 4 ... 32 s, then 32 s each) for over `seconds`."""
   from gcsfs import core, retry  # pylint: disable=g-import-not-at-top
   waits, retries = 0.0, 1
   while waits <= seconds:
@@ -25,10 +23,8 @@ def lengthen_retries(seconds: float):
 
 
 def restart_lost_uploads():
-  """Makes gcsfs start an upload again when the store no longer knows its session (a 404 on the session's URL: a
-  restarted store, or a session expired during an outage) and none of its bytes was accepted yet, so all are still at
-  hand: every file under gcsfs's block size, as are Orbax's checkpoint metadata and metrics.jsonl. Without this the
-  upload, hence a save, fails with FileNotFoundError."""
+  """Makes gcsfs start an upload again when the store no longer knows its session (a 404: a restarted store, or an
+  outage) and none of its bytes was accepted yet (any file under gcsfs's block size), rather than fail a save."""
   from gcsfs.core import GCSFile  # pylint: disable=g-import-not-at-top
   upload_chunk = getattr(GCSFile._upload_chunk, "__wrapped__", GCSFile._upload_chunk)
 

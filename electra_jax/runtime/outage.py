@@ -1,7 +1,5 @@
-"""When Cloud Storage stops answering: the libraries retry with backoff for a bounded time
-($ELECTRA_JAX_STORAGE_TIMEOUT_S, default TIMEOUT_S), then a thread that asks the store for an answer every few seconds
-ends the command in one line, exit 1, whatever thread waits on the store (docs/reliability.md, "Cloud Storage stops
-answering", has the whole design)."""
+"""When Cloud Storage stops answering for $ELECTRA_JAX_STORAGE_TIMEOUT_S, a thread that asks it every few seconds ends
+the command in one line, exit 1, whatever thread waits on it (docs/reliability.md, "Cloud Storage stops answering")."""
 import os
 import sys
 import threading
@@ -40,9 +38,8 @@ def _period(seconds: float) -> float:
 
 
 def watch(command: str):
-  """From now on, ends this process with one line and exit status 1 once the store has not answered for
-  timeout_s(); lengthens gcsfs's retries to match, and has it start an upload again whose session the store lost.
-  For commands that use gs:// paths."""
+  """From now on, ends this process in one line, exit 1, once the store has not answered for timeout_s(); gcsfs's
+  retries lengthened to match, and an upload whose session the store lost started again."""
   seconds = timeout_s()
   gcsfs_private.lengthen_retries(seconds + 2 * _period(seconds))  # past the watcher's line: it ends the command
   gcsfs_private.restart_lost_uploads()
@@ -53,7 +50,7 @@ def _watch(command: str, seconds: float):
   period = _period(seconds)
   answered = time.monotonic()
   while True:
-    # A probe before every judgement: a thread held back (a busy host) never counts as silence.
+    # A probe before every judgement: a thread held back on a busy host is no silence.
     if answering(timeout=period * 2):
       answered = time.monotonic()
     elif time.monotonic() - answered > seconds:

@@ -1,6 +1,5 @@
-"""Optional packages: which setup.py extra installs each, and the one-line error a command gives when one it needs
-is missing (checked before the command writes anything). Training, evaluation, export and fine-tuning from files
-need no TensorFlow; only electra-prepare writes TFDS datasets, which takes TensorFlow."""
+"""Optional packages: which setup.py extra installs each, and the one-line error when one a command needs is missing
+(checked before it writes anything). Only electra-prepare needs TensorFlow."""
 import importlib.util
 
 # module -> (what pip installs, the extra that brings it; None: a dependency of the base install).

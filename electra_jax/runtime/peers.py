@@ -1,8 +1,6 @@
-"""A multi-process run ends, rather than hangs, when one of its processes dies or stalls: each process's thread writes
-a heartbeat to the coordination service's key-value store every PERIOD_S and reads everyone's; a process silent for
-`timeout_s` is lost, and the watcher ends its own process in one line, exit 1 (docs/reliability.md, "A lost or
-stalled process", has the whole design).
-"""
+"""A multi-process run ends, rather than hangs, when one of its processes dies or stalls: heartbeats in the
+coordination service's key-value store; one silent for `timeout_s` ends every other process in one line, exit 1
+(docs/reliability.md, "A lost or stalled process")."""
 import contextlib
 import os
 import sys
@@ -16,9 +14,7 @@ from absl import logging
 from electra_jax.runtime import jax_private
 
 PERIOD_S = 1.0
-# A peer not yet heard from may still be starting (loading data, building its step on a busy host): it has this many
-# times timeout_s before it counts as lost.
-STARTUP_GRACE = 3
+STARTUP_GRACE = 3  # times timeout_s a peer not yet heard from (still starting) has before it counts as lost
 PREFIX = "electra_jax/heartbeat/"
 DONE = "done"
 FAILED = "failed: "  # then the error's first line: a process whose loop raised an error of its own says so
@@ -38,7 +34,7 @@ class Watchdog:
       self._client = jax_private.coordination_client()
       self._answered = time.monotonic()  # when the service last answered
       self._beats = {}
-      me = jax.process_index()  # the others' last beat, and since when
+      me = jax.process_index()
       self._seen = {p: (None, time.monotonic()) for p in range(jax.process_count()) if p != me}
       # Two threads: a call to a stalled service may never return, and the judge must still see the silence.
       for target, name in ((self._publish, "peer-heartbeat"), (self._judge, "peer-watchdog")):
@@ -49,17 +45,14 @@ class Watchdog:
     if not hasattr(self, "_client"):
       return
     if exc_type is None:
-      # Finished: says so, and waits, still watching, until every other process has too. One lost meanwhile (killed
-      # in the last save, after its part) ends this process in the judge's line, where jax.distributed's shutdown at
-      # exit would wait for it and then abort. The service outlives the wait: process 0's shutdown waits for all.
+      # Finished: says so, and waits, still watching, until every other process has too (docs/reliability.md).
       self._ended = DONE
       while any(beat != DONE for beat, _ in self._seen.values()):
         time.sleep(PERIOD_S)
       self._stop.set()
       return
-    # Maybe a peer's loss seen from here, in whatever error wraps it (gloo's "Connection reset by peer" when a peer
-    # died, a save whose collectives were cut off): if a peer is lost, the judge ends the process with its line; the
-    # error is this process's own once every other process has shown a heartbeat since (or finished).
+    # Maybe a peer's loss in whatever error wraps it: the error is this process's own once every other process has
+    # shown a heartbeat since (or finished); else the judge ends the process with its line.
     failed = time.monotonic()
     while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
            and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
@@ -91,7 +84,7 @@ class Watchdog:
       for p, (last, since) in seen.items():
         beat = beats.get(_key(p))
         if beat is not None and beat.startswith(FAILED):
-          # Its exit waits in jax.distributed's shutdown for every process (aborting once one has gone): join it.
+          # Its exit waits in jax.distributed's shutdown for every process: join it.
           self._end(f"process {p} of {jax.process_count()} failed: {beat[len(FAILED):]}", jax.distributed.shutdown)
         if beat != last:
           seen[p] = (beat, now)

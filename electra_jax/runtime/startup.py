@@ -11,17 +11,16 @@ CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
 
 
 def use_compilation_cache():
-  """Keeps compiled steps on disk, so a restarted run (after a preemption, a resume, a second phase) loads them
-  instead of compiling again: in JAX_COMPILATION_CACHE_DIR when set (gs:// too: one cache for every host of a pod and
-  every restart), else ~/.cache/electra_jax/xla (XDG_CACHE_HOME)."""
+  """Keeps compiled steps on disk for a restarted run: in JAX_COMPILATION_CACHE_DIR when set (gs:// too), else
+  ~/.cache/electra_jax/xla (XDG_CACHE_HOME)."""
   if not jax.config.jax_compilation_cache_dir:
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
 
 
 def lost_peer_settings(timeout_s: float) -> dict:
-  """Before JAX's backend starts: JAX's own timeouts for a lost peer set beyond peers.Watchdog's longest wait, the
-  collectives' in XLA_FLAGS; returns jax.distributed.initialize's keyword arguments. Nothing where `timeout_s` is 0."""
+  """Before JAX's backend starts: JAX's own timeouts for a lost peer beyond peers.Watchdog's longest wait (XLA_FLAGS,
+  and the jax.distributed.initialize keyword arguments returned). Nothing where `timeout_s` is 0."""
   if timeout_s <= 0:
     return {}
   seconds = int((peers.STARTUP_GRACE + 1) * timeout_s + 60)
@@ -32,9 +31,8 @@ def lost_peer_settings(timeout_s: float) -> dict:
 
 
 def initialize(peer_timeout_s: float = 0):
-  """Sets up storage, the compilation cache, joins the other processes of a multi-host run (from launch/gpu.sh's
-  variables, or a TPU pod's) with JAX's own timeouts beyond the watchdog's `peer_timeout_s`, and picks the random-bit
-  generator. Call before anything touches the devices."""
+  """Sets up storage and the compilation cache, joins the other processes of a multi-host run (launch/gpu.sh's
+  variables, or a TPU pod's) and picks the random-bit generator. Call before anything touches the devices."""
   storage.initialize()
   use_compilation_cache()
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
@@ -42,8 +40,7 @@ def initialize(peer_timeout_s: float = 0):
                                int(os.environ["JAX_PROCESS_ID"]), **lost_peer_settings(peer_timeout_s))
   elif os.environ.get("TPU_WORKER_HOSTNAMES", "localhost").count(",") > 0:
     jax.distributed.initialize(**lost_peer_settings(peer_timeout_s))
-  # Partitionable threefry lets accelerator meshes draw sharded random arrays shard-locally; on CPU it costs twice
-  # the time per number, and dropout's random numbers are a large share of a CPU step. Values stay independent of
-  # the mesh either way (a CPU run's dropout stream differs from an accelerator's, which resume does not need).
+  # Partitionable threefry draws sharded random arrays shard-locally on accelerators, but costs a CPU step dearly
+  # (docs/benchmarks.md); values are independent of the mesh either way.
   if jax.default_backend() == "cpu":
     jax.config.update("jax_threefry_partitionable", False)

@@ -1,10 +1,9 @@
-"""One file-system layer for local paths and gs:// alike: etils.epath (over gcsfs for gs://, as Orbax's own paths
-are), plus what epath lacks: recursive globs, atomic writes, directories put in place whole, local copies of the
-files of remote datasets that a host reads. No TensorFlow here.
+"""One file-system layer for local paths and gs:// alike: etils.epath (over gcsfs, as Orbax's own paths are), plus
+recursive globs, atomic writes, directories put in place whole and local copies of remote files. No TensorFlow here.
 
-On gs:// one object's upload is atomic, so a file is replaced by writing it in place; a directory cannot be renamed,
-so one that must be complete or absent is uploaded with the file its readers look for first written last.
-STORAGE_EMULATOR_HOST (`host:port` or `http://host:port`) points every library at an emulator (docs/launch.md).
+On gs:// an upload is atomic, so a file is replaced in place; a directory cannot be renamed, so one that must be
+complete or absent is uploaded with the file its readers look for first written last. STORAGE_EMULATOR_HOST points
+every library at an emulator (docs/launch.md).
 """
 import contextlib
 import errno
@@ -27,28 +26,25 @@ LEFTOVER_AGE_S = 24 * 3600  # a temporary of another host (or an unnamed owner) 
 
 
 def initialize():
-  """Makes every gs:// access go through one client, and through the emulator when STORAGE_EMULATOR_HOST is set."""
-  # epath would pick TensorFlow's gfile for gs:// whenever TensorFlow is installed: one client (gcsfs) whether or
-  # not the image has TensorFlow, and gfile cannot be pointed at an emulator.
+  """Makes every gs:// access go through gcsfs (not TensorFlow's gfile, which has no emulator setting), and through
+  the emulator when STORAGE_EMULATOR_HOST is set: each library's setting (docs/launch.md's table)."""
   os.environ.setdefault("EPATH_USE_TF", "false")
   host = os.environ.get("STORAGE_EMULATOR_HOST")
   if not host:
     return
   url = host if "://" in host else f"http://{host}"
-  os.environ["STORAGE_EMULATOR_HOST"] = url  # google-cloud-storage 3.x (TensorBoard) uploads only with the scheme
-  os.environ["TENSORSTORE_GCS_HTTP_URL"] = url  # TensorStore: Orbax's array data
-  # gcsfs asks the Storage Control gRPC API for each bucket's layout; emulators lack it (a 60 s timeout per bucket).
-  os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-  # Emulators take no credentials, and application-default ones may not exist. fsspec reads FSSPEC_GCS_TOKEN when
-  # imported (child processes inherit it); this process may have imported it already.
+  os.environ["STORAGE_EMULATOR_HOST"] = url  # google-cloud-storage 3.x uploads only with the scheme
+  os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
+  os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # a gRPC probe emulators lack
+  # No credentials. fsspec reads FSSPEC_GCS_TOKEN when imported (children inherit it); it may be imported already.
   os.environ["FSSPEC_GCS_TOKEN"] = "anon"
   import fsspec  # pylint: disable=g-import-not-at-top
   fsspec.config.conf.setdefault("gcs", {})["token"] = "anon"
 
 
 def check_reachable(timeout_s: float = 10.0):
-  """gs:// paths need Cloud Storage (or the emulator): one TCP connect, so that an unreachable service is one line at
-  once rather than a minute of gcsfs's retries. Skipped behind an HTTPS proxy, which a direct connect cannot judge."""
+  """One TCP connect to Cloud Storage (or the emulator): an unreachable service is one line at once rather than a
+  minute of gcsfs's retries. Skipped behind an HTTPS proxy, which a direct connect cannot judge."""
   if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
     return
   url = urllib.parse.urlsplit(endpoint())
@@ -61,7 +57,7 @@ def check_reachable(timeout_s: float = 10.0):
 
 
 def endpoint() -> str:
-  """The URL gs:// paths go to: the emulator's ($STORAGE_EMULATOR_HOST, as initialize left it) or Google's."""
+  """The URL gs:// paths go to: the emulator's (as initialize left it) or Google's."""
   return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
 
 
@@ -76,8 +72,7 @@ def absolute(path) -> str:
 
 
 def glob(pattern: str) -> list[str]:
-  """Sorted matches of `pattern`, where `**` matches any number of directories (zero included), locally and on
-  gs:// (fsspec's glob)."""
+  """Sorted matches of `pattern`, where `**` matches any number of directories (zero included), gs:// too."""
   if not is_remote(pattern):
     return sorted(glob_lib.glob(pattern, recursive=True))
   import fsspec  # pylint: disable=g-import-not-at-top
@@ -107,8 +102,8 @@ def write(path, data: bytes | str):
 
 
 def copy_file(src, dst):
-  """Streams one file between any two stores (gs:// to gs://: Cloud Storage copies it). An upload whose session the
-  store lost midway (a restarted store) is started again from the first byte."""
+  """Streams one file between any two stores (gs:// to gs://: Cloud Storage copies it); an upload whose session the
+  store lost midway is started again."""
   if os.fspath(src).startswith("gs://") and os.fspath(dst).startswith("gs://"):
     import fsspec  # pylint: disable=g-import-not-at-top
     fs, _ = fsspec.core.url_to_fs(os.fspath(dst))
@@ -159,8 +154,8 @@ def _canonical(path) -> str:
 
 
 def refuse_overlap(output, inputs: Iterable[tuple[str, str]], name: str = "output"):
-  """Raises a one-line ValueError when `output` is, contains or is inside one of `inputs` ((path, what it is), the
-  paths the command reads): writing or replacing it would change, or delete, what it reads."""
+  """A one-line ValueError when `output` is, contains or is inside one of `inputs` ((path, what it is)): writing it
+  would change what the command reads."""
   out = _canonical(output)
   for path, what in inputs:
     p = _canonical(path)
@@ -176,8 +171,8 @@ NO_SPACE = (*DISK_FULL, errno.EFBIG)  # and the file size limit
 
 
 def no_space(e: Exception, errnos: tuple = NO_SPACE) -> bool:
-  """Whether `e` is a write that ran out of space (of `errnos`), however its writer words it: some (ArrayRecord,
-  safetensors) give the OS error in words only, TFDS may re-raise an OSError without its errno."""
+  """Whether `e` is a write that ran out of space (of `errnos`), by errno or in words (ArrayRecord, safetensors, TFDS
+  give no errno)."""
   return getattr(e, "errno", None) in errnos or any(os.strerror(n) in str(e) for n in errnos)
 
 
@@ -196,12 +191,12 @@ def size(n: int) -> str:
 
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
-  """Yields a new local directory to write `out`'s files into; when the block ends without error they replace `out`:
-  locally renamed into place, on gs:// uploaded with `last` (the file its readers check first) last. Running out of
-  space while staging is one OSError naming `out`; an earlier `out` is left as it was."""
+  """Yields a new local directory for `out`'s files, which replace `out` when the block ends without error: renamed
+  into place, or on gs:// uploaded with `last` (what readers check first) last. No space is one OSError naming `out`;
+  an earlier `out` is left as it was."""
   remote = is_remote(out)
   out = absolute(out)
-  # Beside `out` (locally), else in the local temp dir; a killed writer's leftovers go when `out` is next written.
+  # A killed writer's leftovers go when `out` is next written.
   beside = os.path.join(tempfile.gettempdir(), "electra_jax-staged") if remote else out
   os.makedirs(os.path.dirname(beside), exist_ok=True)
   remove_leftovers(beside)
@@ -240,9 +235,8 @@ def cache_dir() -> str:
 
 
 class LocalCopy:
-  """A local mirror of the remote `directory`, each file fetched when first asked for (for readers of local paths
-  only), under cache_dir(): one directory per version of `directory`, named by the SHA-256 of `key_files`; making it
-  deletes the copies of other versions. A host's processes share it (each file is renamed into place)."""
+  """A local mirror of the remote `directory` under cache_dir(), each file fetched when first asked for: one per
+  version (the SHA-256 of `key_files`), the others' deleted. A host's processes share it (files renamed into place)."""
 
   def __init__(self, directory: str, *key_files: str):
     self.remote = directory
@@ -257,8 +251,7 @@ class LocalCopy:
           shutil.rmtree(old) if os.path.isdir(old) else os.unlink(old)
 
   def fetch(self, name: str, check: Callable[[str], None] | None = None) -> str:
-    """The local path of file `name` (relative), fetched first unless it is here; `check(fetched path)` raises
-    before a bad fetch is put in place."""
+    """The local path of file `name`, fetched first unless here; `check(path)` raises before a bad one is in place."""
     local = os.path.join(self.path, name)
     if not os.path.exists(local):
       os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -287,7 +280,7 @@ def this_host() -> str:
 
 
 def process_gone(host: str, pid: int) -> bool:
-  """Whether `pid` of `host` (this_host's form) has surely ended: only a process of this host can be looked at."""
+  """Whether `pid` of `host` (this_host's form) has surely ended; only this host's can be looked at."""
   if host != this_host() or pid <= 0:
     return False
   try:
@@ -304,14 +297,13 @@ def process_gone(host: str, pid: int) -> bool:
 
 
 def temp_path(path) -> str:
-  """A new temporary name beside local `path` that names its writer, so a dead writer's leftover can be told apart."""
+  """A new temporary name beside local `path` that names its writer, so that a dead writer's can be told."""
   directory, name = os.path.split(os.fspath(path))
   return os.path.join(directory, f".{name}.{this_host()}-{os.getpid()}-{uuid.uuid4().hex}.tmp")
 
 
 def remove_leftovers(path):
-  """Deletes temp_path(path)'s of writers that are gone: of this host when their process has ended, else once
-  untouched for LEFTOVER_AGE_S."""
+  """Deletes temp_path(path)'s of writers that are gone (of this host) or untouched for LEFTOVER_AGE_S."""
   directory, name = os.path.split(os.fspath(path))
   try:
     entries = os.listdir(directory or ".")
