@@ -164,8 +164,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def from_saved(saved: dict, schema: ml_collections.ConfigDict, where: str) -> ml_collections.ConfigDict:
-  """`saved` (a config.json's dict, `where` in the warning) migrated onto `schema` (today's defaults, locked), as the
-  module's docstring says."""
+  """`saved` (a config.json's dict, `where` in the warning) migrated onto `schema`, as the module's docstring says."""
   flat, known = _flat(saved), _flat(schema.to_dict())
   dropped = sorted(flat.keys() - known.keys())
   if dropped:

@@ -8,8 +8,7 @@ from electra_jax.model import modeling
 
 
 def network_params(model_config: modeling.ModelConfig, params, net: str) -> dict:
-  """{"embeddings", "encoder", "head"} of `net` ("discriminator" | "generator") as a stand-alone model: its effective
-  embeddings (gdes: the generator's table + delta), its encoder ("all": the discriminator's) and its head."""
+  """{"embeddings", "encoder", "head"} of `net` as a stand-alone model (gdes: the table is the generator's + delta)."""
   mode = model_config.embedding_sharing
   if mode in ("shared", "all"):
     emb = params["embeddings"]
@@ -77,8 +76,7 @@ def to_hf_state_dict(model_config: modeling.ModelConfig, params, net: str) -> di
 
 
 def from_hf_state_dict(model_config: modeling.ModelConfig, state: dict, net: str, source: str) -> dict:
-  """network_params-shaped dict of `net` from an HF state dict; every key must be used (an ElectraModel's keys,
-  without the "electra." prefix, are accepted too)."""
+  """network_params-shaped dict of `net` from an HF state dict (ElectraModel's keys too); every key must be used."""
   state = {k if k.startswith(("electra.", "discriminator_", "generator_")) else f"electra.{k}": v
            for k, v in state.items()}
   pairs = list(_leaf_pairs(getattr(model_config, net), model_config, net))
@@ -102,8 +100,7 @@ HF_NAMES = dict(num_layers="num_hidden_layers", hidden_size="hidden_size", num_h
 
 
 def hf_config(model_config: modeling.ModelConfig, net: str, pad_id: int, architecture: str = "", **extra) -> dict:
-  """The config.json of `net` as transformers.ElectraConfig reads it, built as plain JSON: an ElectraConfig would import
-  transformers and torch, slowing every export's start and making torch a dependency of writing a file."""
+  """The config.json of `net` for transformers.ElectraConfig, as plain JSON (no transformers or torch to write it)."""
   e = getattr(model_config, net)
   default = "ElectraForPreTraining" if net == "discriminator" else "ElectraForMaskedLM"
   sizes = {hf: getattr(e if hasattr(e, ours) else model_config, ours) for ours, hf in HF_NAMES.items()}

@@ -35,8 +35,7 @@ def write_model(out_dir: str, state_dict: dict, hf_config: dict, tokenizer_path:
 
 def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bool = False,
            tokenizer_path: str | None = None):
-  """Writes the discriminator to `output` and the generator to `output`/generator, each as write_model does, plus the
-  run's config (RUN_CONFIG_FILE); `output`, local or gs://, is complete or absent."""
+  """The discriminator to `output`, the generator to `output`/generator and the run's config: complete or absent."""
   storage.refuse_existing(output, overwrite)
   model_config = modeling.ModelConfig.from_config(config)
   tokenizer_path = tokenizer_path or prepared.tokenizer_path(config)

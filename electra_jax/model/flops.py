@@ -71,8 +71,7 @@ def costs(mc: modeling.ModelConfig, objective: objectives.ObjectiveConfig, batch
 
 
 def step_flops(config: ml_collections.ConfigDict, two_stage_fraction: float | None = None) -> float:
-  """FLOPs of one training step of the config's objective at its global batch × seq_len (two_stage: the run's mean;
-  `two_stage_fraction` 1 gives stage 1's step, 0 stage 2's)."""
+  """FLOPs of one training step of the config (two_stage: the run's mean; `two_stage_fraction` 1: stage 1's, 0: 2's)."""
   objective = objectives.ObjectiveConfig.from_config(config)
   return objectives.get(objective.name).flops(costs(
       modeling.ModelConfig.from_config(config), objective, config.train.batch_size, config.data.seq_len,

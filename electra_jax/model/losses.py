@@ -75,8 +75,7 @@ AUC_BINS = 2048  # histogram resolution of the ROC AUC: ties within a bin count 
 
 
 def auc_histogram(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
-  """[2, AUC_BINS] weighted counts of original (row 0) and replaced (row 1) tokens by predicted probability, which
-  evaluation sums on device for `roc_auc`."""
+  """[2, AUC_BINS] weighted counts of original (row 0) and replaced (row 1) tokens by predicted probability."""
   bins = jnp.clip((jax.nn.sigmoid(logits) * AUC_BINS).astype(jnp.int32), 0, AUC_BINS - 1)
   rows = labels.astype(jnp.int32)
   return jnp.zeros((2, AUC_BINS), jnp.float32).at[rows.ravel(), bins.ravel()].add(weights.ravel())

@@ -105,8 +105,7 @@ def _replace(rng: jax.Array, input_ids: jax.Array, positions: jax.Array, weights
 
 
 def check_masking(p: float, seq_len: int):
-  """objective.mask_prob `p` must mask something, and not everything (that leaves the generator no context), at
-  data.seq_len."""
+  """objective.mask_prob `p` must mask something at data.seq_len, and not everything (G would have no context)."""
   if not 0 < p < 1:
     raise ValueError(f"objective.mask_prob={p} must be in (0, 1)")
   if max_predictions(p, seq_len) < 1:

@@ -43,8 +43,7 @@ def mlm_loss_bert(b: losses.Batch):
 
 
 def replace_mlm_loss(b: losses.Batch):
-  """G as in ELECTRA; D a masked LM whose masked inputs are G's samples instead of [MASK]. Two MLM losses,
-  unweighted."""
+  """G as in ELECTRA; D a masked LM on G's samples instead of [MASK]. Two MLM losses, unweighted."""
   g_loss, out, g_logits = losses.generator_mlm(b)
   corrupted, _, more = losses.corrupt(b, g_logits)
   logits = b.apply(modeling.Electra.discriminator_mlm_logits, corrupted, b.segment_ids, b.masked.positions,

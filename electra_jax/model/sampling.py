@@ -7,8 +7,8 @@ SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF 
 
 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
-  """draw(key, shape[1:], **kwargs) for each row (the leading axis), `rng` folded with the row's index in the global
-  batch (`rows`; default 0, 1, ...): a row's numbers do not depend on the batch's micro-batches."""
+  """draw(key, shape[1:], **kwargs) for each row, `rng` folded with its index in the global batch (`rows`; default
+  0, 1, ...), so that a row's numbers do not depend on micro-batches."""
   rows = jnp.arange(shape[0]) if rows is None else rows
   return jax.vmap(lambda r: draw(jax.random.fold_in(rng, r), shape[1:], **kwargs))(rows)
 
@@ -47,8 +47,7 @@ def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0
 
 
 def _slices(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
-  """x[..., start:start + size] at each position of the leading axes (start: their shape), vmapped over them rather
-  than flattened (a copy of x on TPU)."""
+  """x[..., start:start + size] at each position of the leading axes, vmapped (flattening them copies x on TPU)."""
   take = lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size)
   for _ in range(x.ndim - 1):
     take = jax.vmap(take)

@@ -22,8 +22,7 @@ def loss(b: losses.Batch, *, stage: int = 2):
 
 
 def discriminator_from_generator(params):
-  """params with D's embeddings and encoder replaced by G's: how stage 2 begins. D's replaced-token head has no
-  counterpart in G and keeps its own weights."""
+  """params with D's embeddings and encoder replaced by G's (D's head keeps its own): how stage 2 begins."""
   return dict(params, discriminator_embeddings=params["generator_embeddings"], discriminator=params["generator"])
 
 

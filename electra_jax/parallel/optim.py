@@ -31,8 +31,8 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> 
 
 
 def official_schedule(peak: float, warmup_steps: float, total_steps: int, power: float = 1.0) -> optax.Schedule:
-  """The official one: tf.train.polynomial_decay(peak, step, total_steps, 0, power) times min(1, step / warmup_steps)
-  (warmup_steps unrounded, as total · warmup_proportion is there; 0: no warm-up)."""
+  """The official tf.train.polynomial_decay(peak, step, total_steps, 0, power) · min(1, step / warmup_steps) (0: no
+  warm-up; warmup_steps unrounded, as total · warmup_proportion is there)."""
   decay = optax.polynomial_schedule(peak, 0.0, power, total_steps)
 
   def schedule(count):
@@ -41,8 +41,7 @@ def official_schedule(peak: float, warmup_steps: float, total_steps: int, power:
 
 
 def decay_mask(params):
-  """True for weights that decay: every kernel and embedding table, not LayerNorm parameters nor biases (the
-  official code excludes names matching LayerNorm|layer_norm|bias; ours are HF's names, the same split)."""
+  """True for weights that decay: every kernel and table, not LayerNorm parameters nor biases (the official split)."""
   flat = flax.traverse_util.flatten_dict(params)
   return flax.traverse_util.unflatten_dict(
       {path: not (path[-1] in ("bias", "scale") or "LayerNorm" in path[-2]) for path in flat})
@@ -155,22 +154,19 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """A recipe built for its devices: the optax transformation, its learning-rate schedule (also logged) and the flat
-  update's layout (None: per array)."""
+  """A recipe built: the optax transformation, its learning-rate schedule and the flat layout (None: per array)."""
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   flat: FlatLayout | None
 
   def restart(self, opt_state, params):
-    """opt_state with Adam's moments and step count as at init (both recipes keep them in a ScaleByAdamState), the
-    rest (the learning-rate schedule's count) as it was."""
+    """opt_state with Adam's state (ScaleByAdamState) as at init, the rest (the schedule's count) as it was."""
     is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)
     return jax.tree.map(lambda s, f: f if is_adam(s) else s, opt_state, self.tx.init(params), is_leaf=is_adam)
 
 
 def build(recipe: Recipe, devices=None) -> Optimizer:
-  """`recipe`'s optimiser on `devices` (default: this host's); a flat update's layout is the state's
-  (sharding.create_state)."""
+  """`recipe`'s optimiser on `devices` (default: this host's); sharding.create_state sets a flat update's layout."""
   if recipe.optimizer == "adamw":  # optax.adamw's chain, spelt out so the flat update can take its direction alone
     schedule = learning_rate_schedule(recipe.learning_rate, int(recipe.warmup_steps), recipe.total_steps)
     direction = optax.scale_by_adam(recipe.adam_b1, recipe.adam_b2, recipe.adam_eps)
@@ -192,8 +188,7 @@ def build(recipe: Recipe, devices=None) -> Optimizer:
 
 
 def global_norm(grads, flat: FlatLayout | None) -> jax.Array:
-  """The gradient's global norm (the steps' grad_norm), as the clipping takes it, so that XLA computes it once: with
-  the flat update, of the arrays FlatLayout.gradient flattens to, a reduction each."""
+  """The gradient's global norm (grad_norm) as the clipping takes it, so that XLA computes it once."""
   return optax.global_norm(flat.gradient(grads) if flat else grads)
 
 
@@ -209,8 +204,7 @@ def lr_multiplier(path, num_layers: int, decay: float) -> float:
 
 
 def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
-  """Scales each parameter's update by lr_multiplier: after the optimiser, that is the per-layer learning rate
-  (weight decay included, as in the official code)."""
+  """Each update scaled by lr_multiplier: after the optimiser, a per-layer rate (decay included, as officially)."""
   def update(updates, state, params=None):
     del params
     return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state

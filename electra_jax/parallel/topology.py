@@ -157,8 +157,8 @@ class GpuHosts:
 
   @property
   def hbm_bytes_per_device(self) -> int:
-    """What a step may use of a device: the share of its memory JAX's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION,
-    as on the GPU host; default DEFAULT_MEM_FRACTION). XLA:GPU compiles a plan of any size: aot.py holds it to this."""
+    """What a step may use of a device: the share JAX's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION, default
+    DEFAULT_MEM_FRACTION). XLA:GPU compiles a plan of any size: aot.py holds it to this."""
     memory = int(re.search(r"device_memory_size: (\d+)", self.target_config).group(1))
     return int(memory * float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION)))
 
@@ -176,8 +176,7 @@ class GpuHosts:
 
 
 def parse_gpu(spec: str) -> GpuHosts:
-  """GPU[:COUNT]: h100, h200 or a100 (80 GB SXM), one of them or COUNT (up to GPUS_PER_HOST on one host, or whole
-  hosts of GPUS_PER_HOST)."""
+  """GPU[:COUNT]: h100, h200 or a100 (80 GB SXM), COUNT up to GPUS_PER_HOST or whole hosts of GPUS_PER_HOST."""
   gpu, _, count = spec.strip().lower().partition(":")
   if gpu not in GPUS or not re.fullmatch(r"\d*", count):
     raise ValueError(f"unknown GPU {spec!r}: expected GPU[:COUNT] with GPU one of {', '.join(GPUS)}, e.g. h100, "

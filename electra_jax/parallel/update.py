@@ -25,8 +25,8 @@ class Stages:
 
 @dataclasses.dataclass(frozen=True)
 class Update:
-  """How a step updates the state: the optimiser, the micro-batches of a batch (sharding.check_batch), the metrics
-  that add up over them (counts), two stages, and train.debug_nan_at_step (that step's loss NaN: the guard's test)."""
+  """How a step updates the state: the optimiser, micro-batches, the metrics that add up over them (counts), two
+  stages, and train.debug_nan_at_step (that step's loss NaN: the guard's test)."""
   optimizer: optim.Optimizer
   micro_batches: int = 1
   summed: tuple[str, ...] = ()

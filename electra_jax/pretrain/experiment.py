@@ -53,8 +53,7 @@ def recipe(train: ml_collections.ConfigDict) -> optim.Recipe:
 
 def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds(), devices=None,
            word_starts=None) -> Experiment:
-  """`special` and `word_starts` (a [vocab_size] bool sequence, tokenizer.word_starts: needed by
-  objective.whole_word_masking) come from the tokenizer (data/prepared.py reads both)."""
+  """`special` and `word_starts` (objective.whole_word_masking's) are the tokenizer's (data/prepared.py reads them)."""
   train, seq_len = config.train, config.data.seq_len
   given = recipe(train)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):

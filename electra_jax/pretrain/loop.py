@@ -23,8 +23,7 @@ from electra_jax.run import workdir as workdir_lib
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> TrainState:
-  """Pre-trains per `config` in `workdir` (config.json, plan.json, checkpoints/, metrics.jsonl, tensorboard/),
-  resuming from the latest checkpoint there: `train` of the run's plan (plan.py)."""
+  """Pre-trains per `config` in `workdir`, resuming from its latest checkpoint: `train` of the run's plan."""
   return train(plan_lib.resolve(config, workdir, allow_config_change))
 
 

@@ -61,8 +61,8 @@ class Plan:
 
 
 def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool = False) -> Plan:
-  """The plan of pre-training `config` in `workdir`; a one-line ValueError/OSError on bad input, before anything is
-  built or written. The workdir holds no other run unless `allow_config_change`."""
+  """The plan of pre-training `config` in `workdir`, or a one-line ValueError/OSError on bad input before anything is
+  written (another run's workdir, unless `allow_config_change`)."""
   train = config.train
   resume_step = checkpoints.latest_step(workdir)
   config, init = sources.init_source(config, resuming=resume_step is not None)
