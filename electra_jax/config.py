@@ -45,8 +45,8 @@ CADENCES = ("num_steps", "eval_every", "log_every", "checkpoint_every")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
-  """A one-line ValueError unless train.<key> >= 1 for `counts` (a loop's own) and COUNTS, train.spike_factor >= 0,
-  and the loop's CADENCES are multiples of train.steps_per_dispatch."""
+  """A one-line ValueError unless train's `counts` and COUNTS >= 1, spike_factor >= 0, CADENCES % k == 0 (k:
+  steps_per_dispatch)."""
   for key in (*counts, *COUNTS):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")

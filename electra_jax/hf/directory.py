@@ -81,9 +81,8 @@ def _read_hf_config(directory: str) -> dict:
 
 
 def import_hf(hf_dir: str, tokenizer_path: str, generator_dir: str | None = None):
-  """(config, params) of an HF ELECTRA discriminator directory (+ its generator, from `generator_dir` or
-  hf_dir/generator), data.tokenizer `tokenizer_path`; embedding sharing "shared" when the generator's embeddings equal
-  the discriminator's (or there is no generator), else "untied"."""
+  """(config, params) of an HF ELECTRA directory (+ its generator, `generator_dir` or hf_dir/generator); "shared"
+  embeddings when the generator's equal the discriminator's (or there is none), else "untied"."""
   disc = _read_hf_config(hf_dir)
   if generator_dir is None and (epath.Path(hf_dir) / GENERATOR_DIR).is_dir():
     generator_dir = os.fspath(epath.Path(hf_dir) / GENERATOR_DIR)

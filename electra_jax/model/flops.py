@@ -5,7 +5,6 @@ FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is
   + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
   + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
     (All-Tokens MLM applies it at every position).
-Each objective's registry entry (objectives.py) adds up these pieces (Costs).
 """
 from typing import NamedTuple
 

@@ -98,8 +98,7 @@ def generator_mlm(b: Batch, params=None):
 
 
 def corrupt(b: Batch, g_logits):
-  """The original input with every masked position replaced by a generator sample, and which tokens differ (a sample
-  equal to the original counts as real); D's loss never reaches G (stop_gradient)."""
+  """The input with G's samples at the masked positions, and which tokens differ; D's loss never reaches G."""
   sampled = sampling.sample(b.keys["sample"], jax.lax.stop_gradient(g_logits), b.objective.temperature, rows=b.rows)
   corrupted = jax.lax.stop_gradient(masking.scatter(b.input_ids, b.masked.positions, sampled, b.masked.weights))
   replaced = corrupted != b.input_ids

@@ -31,10 +31,9 @@ def scatter(ids: jax.Array, positions: jax.Array, values: jax.Array, weights: ja
 
 def mask_tokens(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_prob: float, vocab_size: int,
                 bert_recipe: bool = False, rows: jax.Array | None = None) -> Masked:
-  """Choose round(mask_prob · n) of each row's n maskable tokens (never [CLS]/[SEP]/pad), at least one and at most
-  max_predictions, uniformly without replacement; replace them by [MASK] (85%) or keep them (15%). With
-  `bert_recipe`, 80% [MASK] / 10% a random token / 10% kept instead. Each row draws with its own key (`rows`: its
-  index in the global batch; sampling.per_row)."""
+  """Choose round(mask_prob · n) of each row's n maskable tokens (never [CLS]/[SEP]/pad; at least 1, at most
+  max_predictions) uniformly; replace them by [MASK] (85%) or keep them (15%), or with `bert_recipe` 80% [MASK] / 10%
+  a random token / 10% kept. Each row draws with its own key (`rows`; sampling.per_row)."""
   seq_len = input_ids.shape[1]
   p = max_predictions(mask_prob, seq_len)
   k_choose, k_replace = jax.random.split(rng)
@@ -48,11 +47,10 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_
 
 def mask_words(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_prob: float, vocab_size: int,
                bert_recipe: bool = False, rows: jax.Array | None = None, *, word_starts) -> Masked:
-  """Whole-word masking: mask_tokens' budget (round(mask_prob · n) of a row's n maskable tokens, at most
-  max_predictions) spent on whole words, as BERT's whole-word masking does: the row's words in random order, each
-  taken whole if it fits in what is left of the budget, else skipped (never cut). A word is a piece that
-  `word_starts` ([vocab_size] bool, tokenizer.word_starts) marks, or any piece after a special token or padding, with
-  the unmarked pieces that follow it; specials are never words. Replacement as in mask_tokens, per position."""
+  """Whole-word masking: mask_tokens' budget spent as BERT's whole-word masking does, on the row's words in random
+  order, each taken whole if it fits in what is left, else skipped. A word is a piece `word_starts` ([vocab_size]
+  bool) marks, or any piece after a special token or padding, with the unmarked pieces that follow (specials are
+  never words). Replacement as in mask_tokens."""
   batch, seq_len = input_ids.shape
   p = max_predictions(mask_prob, seq_len)
   k_choose, k_replace = jax.random.split(rng)

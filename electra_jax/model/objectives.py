@@ -8,8 +8,7 @@ section as the step reads it.
   replace_mlm     G as in electra; D is a masked LM whose masked inputs are G's samples instead of [MASK]
   all_tokens_mlm  as replace_mlm, but D predicts every token, with the paper's copy mechanism
   two_stage       the paper's two-stage ELECTRA (Sec. 3.2, two_stage.py): G alone, then D from G on G's samples
-  uniform_replacement  λ·L_Disc(D) on tokens drawn uniformly from the vocabulary: no generator
-"""
+  uniform_replacement  λ·L_Disc(D) on tokens drawn uniformly from the vocabulary: no generator"""
 import dataclasses
 import functools
 from typing import Callable
@@ -68,8 +67,7 @@ def all_tokens_mlm_loss(b: losses.Batch):
 
 
 def uniform_replacement_loss(b: losses.Batch):
-  """λ·L_Disc(D) alone, on replacements drawn uniformly from the vocabulary (special ids leave the token as it was):
-  replaced-token detection without a generator, the floor of the paper's generator-size study."""
+  """λ·L_Disc(D) on uniform replacements (special ids keep the token): the paper's generator-size study's floor."""
   drawn = sampling.per_row(jax.random.randint, b.keys["sample"], b.masked.positions.shape, b.rows, minval=0,
                           maxval=b.model.config.vocab_size)
   originals = jnp.take_along_axis(b.input_ids, b.masked.positions, axis=1)
@@ -155,10 +153,9 @@ class ObjectiveConfig:
 def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objective: ObjectiveConfig,
                  special: SpecialIds, word_starts=None, *, rows: jax.Array | None = None, deterministic: bool = False,
                  **loss_args):
-  """The loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and its metrics. Pure:
-  all randomness derives from `rng`, masking's and sampling's keyed per row on `rows` (each row's index in the global
-  batch), so a micro-batch's rows draw what they would in the whole batch. `word_starts`: the tokenizer's, for
-  objective.whole_word_masking; `loss_args` go to the objective's loss (two_stage's stage)."""
+  """The loss of `objective.name` for one batch ({'input_ids', 'segment_ids'}: int32 [B, L]) and its metrics, all
+  randomness from `rng`, keyed per row on `rows` (each row's index in the global batch, so that micro-batches draw as
+  the whole batch). `word_starts`: the tokenizer's; `loss_args` go to the objective's loss (two_stage's stage)."""
   entry = get(objective.name)
   ids = batch["input_ids"]
   rows = jnp.arange(ids.shape[0]) if rows is None else rows

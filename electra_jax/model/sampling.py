@@ -7,8 +7,7 @@ SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF 
 
 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
-  """draw(key, shape[1:], **kwargs) for each row, `rng` folded with its index in the global batch (`rows`; default
-  0, 1, ...), so that a row's numbers do not depend on micro-batches."""
+  """draw(key, shape[1:], **kwargs) for each row, `rng` folded with its index in the global batch (`rows`)."""
   rows = jnp.arange(shape[0]) if rows is None else rows
   return jax.vmap(lambda r: draw(jax.random.fold_in(rng, r), shape[1:], **kwargs))(rows)
 
@@ -21,10 +20,9 @@ def _cumsum(x: jax.Array) -> jax.Array:
 
 def sample(rng: jax.Array, logits: jax.Array, temperature: float, block: int = 0,
            rows: jax.Array | None = None) -> jax.Array:
-  """One draw from softmax(logits / temperature) over the last axis at each position of the others, keyed per batch
-  row (per_row's `rows`), by inverse CDF: one uniform a draw, not Gumbel noise per vocabulary entry. The CDF is
-  walked in two levels: block sums (reduce_window over `block` entries, default SAMPLE_BLOCK) pick the block holding
-  u, the cumulative sum within it the entry; weights are exp(x - max x), u scaled by their total (docs/tpu.md)."""
+  """One draw from softmax(logits / temperature) over the last axis at each position, keyed per row (`rows`), by
+  inverse CDF (one uniform a draw, not Gumbel noise a vocabulary entry) in two levels: block sums (`block` entries,
+  default SAMPLE_BLOCK) pick the block holding u, the cumulative sum within it the entry (docs/tpu.md)."""
   x = logits.astype(jnp.float32)
   if temperature != 1.0:
     x = x / temperature

@@ -8,8 +8,7 @@ from electra_jax.model import losses
 
 
 def loss(b: losses.Batch, *, stage: int = 2):
-  """Stage 1: L_MLM(G) alone. Stage 2 (and evaluation): λ·L_Disc alone, G's loss only reported. Both return the same
-  metric keys (0 where stage 1 computes nothing), so that lax.cond can pick one."""
+  """Stage 1: L_MLM(G); stage 2 (and evaluation): λ·L_Disc (G's reported). The same metric keys, for lax.cond."""
   if stage == 1:
     g_loss, out, _ = losses.generator_mlm(b)
     stage2 = jax.eval_shape(lambda: loss(b))[1]  # stage 2's metric keys, traced for shapes only

@@ -1,14 +1,9 @@
-"""The optimiser of pre-training and fine-tuning, one of two recipes (train.optimizer), both Adam (β=(0.9, 0.999),
-ε=1e-6) with decoupled weight decay 0.01 except on LayerNorm and biases and global-norm clipping at 1.0:
-
-  adamw     optax's AdamW: bias-corrected Adam, a linear warm-up that hands over to a linear decay to 0;
-  official  the official ELECTRA code's (model/optimization.py): Adam without bias correction and
-            lr = peak · min(1, step / warmup) · (1 - step / total), the warm-up factor times a decay from step 0.
-
-Either can run clipping and Adam over flat vectors of all weights (train.flat_update, GPUs and CPUs; FlatLayout): a
-few kernels where per array an encoder takes hundreds; the moments are then flat in the checkpoint. Recipe (a run's
-train section, frozen) and build make the optimiser; layer-wise rates are an option of it.
-"""
+"""The optimiser of pre-training and fine-tuning: Adam (β=(0.9, 0.999), ε=1e-6), decoupled weight decay 0.01 except on
+LayerNorm and biases, global-norm clipping at 1.0, in one of two recipes (train.optimizer): adamw, optax's AdamW (a
+linear warm-up handing over to a linear decay to 0), or official, the official ELECTRA code's (Adam without bias
+correction, lr = peak · min(1, step / warmup) · (1 - step / total)). Either can run clipping and Adam over flat
+vectors of all weights (train.flat_update; FlatLayout): a few kernels where per array an encoder takes hundreds; the
+moments are then flat in the checkpoint. Recipe (a train section, frozen) and build make it; layer-wise rates too."""
 import dataclasses
 import re
 
@@ -48,8 +43,7 @@ def decay_mask(params):
 
 
 def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-  """Adam's direction m / (√v + ε) without bias correction, as the official AdamWeightDecayOptimizer, in optax's
-  ScaleByAdamState as scale_by_adam's: one layout for both recipes (Optimizer.restart finds it)."""
+  """Adam's m / (√v + ε) without bias correction (the official code's), in scale_by_adam's state: one layout."""
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
@@ -65,9 +59,8 @@ def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.Gradien
 
 class FlatLayout:
   """Where each weight array goes in the flat update: an array the mesh splits over fsdp into its rows of one
-  [fsdp, n] matrix split the same way (row k: device k's shard), so no data moves; every other array into one vector,
-  whole on each device (alone without fsdp, as optax.flatten lays it out). sharding.create_state sets `fsdp` and
-  `split` from the weights' shardings before the optimiser's init."""
+  [fsdp, n] matrix split the same way (row k: device k's shard), so no data moves; every other array into one vector
+  (alone without fsdp, as optax.flatten's). sharding.create_state sets `fsdp` and `split` before the init."""
 
   def __init__(self):
     self.fsdp = 1  # the mesh's fsdp size: over 1, the arrays it splits go in the matrix
@@ -88,8 +81,7 @@ class FlatLayout:
     return (nn.LogicallyPartitioned(matrix, ("shards", None)) if boxed else matrix), whole
 
   def gradient(self, tree):
-    """flatten(tree) behind an optimisation barrier (the clipping's and grad_norm's, one reduction): without it XLA
-    splits a reduction over the concatenation back into one per array."""
+    """flatten(tree) behind a barrier, without which XLA splits a reduction of it into one per array."""
     return jax.lax.optimization_barrier(self.flatten(tree))
 
   def unflatten(self, flat, like):
@@ -130,8 +122,7 @@ def flatten(inner: optax.GradientTransformation, layout: FlatLayout) -> optax.Gr
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-  """The optimiser of one run, from its train section: train.optimizer's recipe over `total_steps`, flat where
-  `flat_update`, and with a `layer_decay` each weight's update scaled by its layer's rate (lr_multiplier)."""
+  """One run's optimiser, from its train section; with a `layer_decay`, layer-wise rates (lr_multiplier)."""
   optimizer: str
   learning_rate: float
   warmup_steps: float

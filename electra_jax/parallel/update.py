@@ -1,6 +1,5 @@
-"""The one optimiser update of pre-training and fine-tuning: the gradient of k micro-batches of the global batch, run
-one after another inside the jitted step (a lax.scan: one micro-batch's activations live at a time), then one optax
-update (optim.py), applied only where it is finite; optionally in two stages (two_stage's)."""
+"""The one optimiser update of pre-training and fine-tuning: the gradient of k micro-batches, one after another in the
+jitted step (a lax.scan), then one optax update applied only where finite; optionally in two stages (two_stage's)."""
 import dataclasses
 from typing import Any, Callable
 
@@ -15,9 +14,8 @@ from electra_jax.parallel.state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class Stages:
-  """Training in two stages: the loss takes `stage` (1 or 2); step `switch` (from 0) starts stage 2 from
-  `start(params)` with Adam restarted (Optimizer.restart). Stage 1 trains the top-level parameters `first(name)`
-  picks, stage 2 the others; the rest stay bitwise (AdamW's momentum and decay would move them without gradients)."""
+  """Two stages: step `switch` starts stage 2 from `start(params)` with Adam restarted; stage 1 trains the top-level
+  parameters `first(name)` picks, stage 2 the others, the rest kept bitwise (AdamW would move them)."""
   switch: int
   start: Callable[[Any], Any]
   first: Callable[[str], bool]
@@ -25,8 +23,7 @@ class Stages:
 
 @dataclasses.dataclass(frozen=True)
 class Update:
-  """How a step updates the state: the optimiser, micro-batches, the metrics that add up over them (counts), two
-  stages, and train.debug_nan_at_step (that step's loss NaN: the guard's test)."""
+  """How a step updates the state; `summed`: metrics added over micro-batches; `nan_at_step`: that step's loss NaN."""
   optimizer: optim.Optimizer
   micro_batches: int = 1
   summed: tuple[str, ...] = ()
@@ -36,8 +33,7 @@ class Update:
 
 def step(update: Update, state: TrainState, batch, rng: jax.Array, loss_fn: Callable) -> tuple[TrainState, dict]:
   """`state` after one update by the gradient of loss_fn(params, micro_batch, rows, rng, [stage=]) -> (loss, metrics)
-  over `batch`, `rng` folded with the step's number; `rows` ([B/k]) index the micro-batch's rows in `batch`, which
-  their random draws key on (so that k changes none). Applied only where the loss and the gradient's norm are finite
+  over `batch` (`rows`: the micro-batch's rows in it), applied only where the loss and the gradient's norm are finite
   (as optax's apply_if_finite). Metrics: the loss's, loss, grad_norm and skipped (1: not applied)."""
   opt, stages = update.optimizer, update.stages
   step_rng = jax.random.fold_in(rng, state.step)
@@ -78,9 +74,8 @@ def _where(condition, new, old):
 
 
 def gradients(loss_and_grad, batch, k: int, summed=()):
-  """loss_and_grad(micro_batch, rows) -> ((loss, metrics), grads) over k micro-batches of `batch`, as one batch's:
-  the micro-batches' means (each weighs equally), except the metrics in `summed` (counts), which add up. Micro-batch
-  j holds the rows r with r % k == j, so each device keeps its own rows (sharding.check_batch): no data moves."""
+  """loss_and_grad(micro_batch, rows) -> ((loss, metrics), grads) over k micro-batches of `batch`: their means, but
+  `summed` metrics add up. Micro-batch j holds the rows r with r % k == j, so each device keeps its own rows."""
   n = jax.tree.leaves(batch)[0].shape[0] // k
   if k == 1:
     return loss_and_grad(batch, jnp.arange(n))

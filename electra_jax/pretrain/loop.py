@@ -28,9 +28,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def train(plan: plan_lib.Plan) -> TrainState:
-  """Pre-trains as `plan` says, holding the workdir's lock. Stops early, after saving, on SIGTERM/SIGINT; raises
-  FloatingPointError after train.max_bad_steps non-finite steps in a row (loop.Guard); bad input raises
-  ValueError/OSError before anything is written."""
+  """Pre-trains as `plan` says, holding the workdir's lock; saves and stops on SIGTERM/SIGINT; FloatingPointError
+  after train.max_bad_steps non-finite steps in a row; ValueError/OSError on bad input before anything is written."""
   clock = goodput.Clock()
   with workdir_lib.Lock(plan.workdir, "electra-pretrain") as lock:
     exp = experiment.create(plan.config, plan.data.special_ids, word_starts=plan.data.word_starts)
@@ -40,8 +39,7 @@ def train(plan: plan_lib.Plan) -> TrainState:
 def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workdir: str, lock: workdir_lib.Lock,
           clock: goodput.Clock, start: plan_lib.Start, checked: Callable[[], object] = lambda: None,
           step_fn: Callable | None = None) -> TrainState:
-  """Pre-training's loop in `workdir` from `start`: input, metrics, evaluation and checkpoints around `step_fn`
-  (exp.step; electra-bench --host_loop's costs nothing). `checked()` runs once the first batch was read."""
+  """Pre-training's loop around `step_fn` (exp.step, or bench's); `checked()` runs once the first batch was read."""
   train = exp.config.train
   ckpt = checkpoints.Checkpointer(workdir, exp.config, prepared.tokenizer_path)
   state, saved, rng = restore_or_init(exp, ckpt, start)
@@ -56,9 +54,8 @@ def drive(exp: experiment.Experiment, prepared: prepared_lib.PreparedData, workd
 
 
 class PreTraining:
-  """What pre-training brings to loop.run: batches placed on the devices ahead, a metrics.jsonl row (throughput,
-  evaluation at eval steps) each log step, and the input position in each checkpoint (`extra`), resumed from `saved`
-  (the extra of the checkpoint at step `start`; None: a fresh start)."""
+  """What pre-training brings to loop.run: batches, a metrics.jsonl row (throughput, evaluation) each log step, and
+  the input position in each checkpoint (`extra`), resumed from `saved` (None: a fresh start)."""
 
   def __init__(self, exp: experiment.Experiment, prepared: prepared_lib.PreparedData, start: int,
                saved: dict | None = None):
@@ -105,8 +102,7 @@ class PreTraining:
 
 
 def host_function(fn: Callable) -> Callable[[int], float]:
-  """`fn` of a step number (a schedule) compiled now for this host's CPU, returning a float: one small program a log
-  step, not eager ops that would wait behind the steps queued on an accelerator."""
+  """`fn` of a step (a schedule) compiled for this host's CPU: no eager op waits behind the accelerator's steps."""
   try:
     device = jax.local_devices(backend="cpu")[0]
   except RuntimeError:  # JAX_PLATFORMS without cpu
@@ -118,8 +114,7 @@ def host_function(fn: Callable) -> Callable[[int], float]:
 
 
 def restore_or_init(exp: experiment.Experiment, ckpt: checkpoints.Checkpointer, start: plan_lib.Start):
-  """(state, the checkpoint's extra or None, rng) as `start` says: the workdir's latest checkpoint on this mesh, or
-  fresh from train.seed with its init weights (and their optimiser state and step under with_state)."""
+  """(state, the checkpoint's extra or None, rng) as `start` says: the latest checkpoint, or fresh from train.seed."""
   seed = exp.config.train.seed
   rng = jax.random.fold_in(jax.random.key(seed), 1)
   if start.resume_step is None:
