@@ -1,8 +1,6 @@
-"""ELECTRA's networks as Flax Linen modules: embeddings, BERT encoder, generator and discriminator heads.
-
-`Electra` owns every parameter of a run and exposes one method per forward pass (objectives.py composes them). Names
-follow HF transformers' ELECTRA, so export is a rename-free transpose. Several functions are written for fewer kernels
-on a GPU (docs/benchmarks.md, "Kernels of Small's step")."""
+"""ELECTRA's networks as Flax Linen modules: `Electra` owns every parameter of a run, one method per forward pass
+(objectives.py composes them), named as HF transformers' ELECTRA, so export is a rename-free transpose. Several
+functions are written for fewer kernels on a GPU (docs/benchmarks.md, "Kernels of Small's step")."""
 import dataclasses
 import functools
 from typing import Optional
@@ -113,8 +111,7 @@ def sums_in_parts(*arrays) -> tuple:
 
 
 def column_sums(*arrays) -> tuple:
-  """Each array summed over every axis but the last, in float32 (a bias's gradient); separately on CPUs, where a
-  variadic reduction is slower."""
+  """Each array summed over every axis but the last, in float32 (a bias's gradient): sums_in_parts, except on CPUs."""
   return jax.lax.platform_dependent(
       *arrays, cpu=lambda *a: tuple(t.astype(jnp.float32).sum(tuple(range(t.ndim - 1))) for t in a),
       default=sums_in_parts)
@@ -192,9 +189,8 @@ def _project(x, kernels, biases):
 
 @jax.custom_vjp
 def projections(x: jax.Array, kernels: tuple, biases: tuple) -> tuple:
-  """x · kernel + bias for each kernel and bias (Q, K and V's), added in float32 and rounded to x's dtype, as one
-  matmul of the kernels side by side (split in one GPU kernel). The backward pass is separate layers', the biases'
-  gradients summed side by side in one reduction."""
+  """x · kernel + bias for Q, K and V's kernels and biases, in float32 rounded to x's dtype, as one matmul of the
+  kernels side by side; the backward pass is separate layers', the biases' gradients summed in one reduction."""
   return _project(x, kernels, biases)
 
 
@@ -219,10 +215,9 @@ def _sum(x, h, h_bias, keep, rate):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def layer_norm(x, scale, bias, h, h_bias, keep, eps: float, rate: float):
-  """nn.LayerNorm's function over the last axis of x + dropout(h + h_bias) (a post-LN layer's add & norm; x alone
-  when h is None), statistics in float32, the result in x's dtype. Both passes keep only their inputs and recompute
-  the sum and its statistics, so that the forward pass is one GPU kernel; the backward pass takes one row-wise kernel
-  and one column reduction for scale, bias and h_bias (the preceding dense layer's bias)."""
+  """nn.LayerNorm over the last axis of x + dropout(h + h_bias) (a post-LN layer's add & norm; x alone when h is
+  None), statistics in float32, the result in x's dtype. Both passes keep only their inputs and recompute the sum
+  and its statistics: the forward pass is one GPU kernel, the backward one row-wise kernel and one reduction."""
   return _layer_norm_fwd(x, scale, bias, h, h_bias, keep, eps, rate)[0]
 
 
@@ -252,8 +247,7 @@ layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nn.Module):
-  """nn.LayerNorm's parameters (scale, bias: float32) and function in `layer_norm`, the result in `dtype`: of x, or
-  of a post-LN layer's x + dropout(h + h_bias) where `keep` is the dropout's keep-mask (None: no dropout)."""
+  """nn.LayerNorm's parameters (float32) with `layer_norm`'s function, in `dtype`; `keep`: dropout's keep-mask."""
   epsilon: float
   dtype: jnp.dtype
   axis_name: str
@@ -279,8 +273,7 @@ def one_hot_lookup(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
 
 
 def select_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
-  """table[ids] for a table of a few rows (token types) as one select per row: exact, and its gradient is a sum per
-  row where a gather's is a scatter-add of every position into the same few rows (docs/tpu.md)."""
+  """table[ids] for a few-row table (token types) as one select a row: no scatter-add in its gradient (docs/tpu.md)."""
   return sum(jnp.where((ids == t)[..., None], table[t], 0.0) for t in range(table.shape[0]))
 
 
@@ -321,8 +314,7 @@ class Embeddings(nn.Module):
 
 
 def fused_kernel(dtype) -> str | None:
-  """jax.nn.dot_product_attention's implementation: "cudnn" on an NVIDIA GPU with 16-bit inputs, else None (XLA's).
-  The device is the traced mesh's (electra-compile's GPUs, from a CPU host), else this host's."""
+  """The fused implementation: "cudnn" on an NVIDIA GPU (the traced mesh's, else this host's) in 16 bits, else None."""
   device = jax.sharding.get_abstract_mesh().abstract_device or jax.devices()[0]
   nvidia = device.platform == "gpu" and "NVIDIA" in device.device_kind
   return "cudnn" if nvidia and jnp.dtype(dtype).itemsize == 2 else None
@@ -347,10 +339,9 @@ def _logsumexp(scores: jax.Array) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
-  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout at `dropout_rate` (keep-masks from `rng`;
-  none when rng is None), times v. q, k, v: [batch, length, heads, head_dim]; mask: [batch, key]. The backward pass
-  keeps only q, k, v, the output and the rows' log-sum-exp and recomputes the scores and dropout masks (flash
-  attention's recompute, in XLA ops: fewer passes over [B, H, L, L] than softmax's autodiff, docs/tpu.md)."""
+  """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout (keep-masks from `rng`; None: none), times v.
+  q, k, v: [batch, length, heads, head_dim]; mask: [batch, key]. The backward pass recomputes the scores and masks
+  from q, k, v, the output and the rows' log-sum-exp (flash attention's recompute, in XLA ops: docs/tpu.md)."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
 
 
@@ -392,8 +383,7 @@ class SelfAttention(nn.Module):
     kernels, biases = zip(*(dense(c, e.hidden_size, ("hidden", "qkv"), name).weights(x.shape[-1])
                             for name in ("query", "key", "value")))
     q, k, v = map(split, projections(x.astype(c.compute_dtype), kernels, biases))
-    # from_config rejects fused + attention dropout, but fine-tuning replaces the rate afterwards (from a fused
-    # pre-training config): its dropout steps take the einsum path, which uses the very same parameters.
+    # Fine-tuning may set attention dropout on a fused config: its dropout steps take the einsum path (same weights).
     if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
       ctx = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.sum(-1, dtype=jnp.int32),
                                          scale=head_dim ** -0.5, implementation=fused_kernel(c.compute_dtype))
@@ -464,8 +454,7 @@ def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministi
 
 
 class MaskedLMHead(nn.Module):
-  """dense(embedding size) → GELU → LayerNorm → tied word table (transposed) + bias: HF's generator_predictions and
-  generator_lm_head. Called only at the gathered positions, never over every position of the sequence."""
+  """dense(embedding size) → GELU → LayerNorm → tied word table + bias (HF's generator_predictions, _lm_head)."""
   config: ModelConfig
 
   @nn.compact
@@ -491,8 +480,7 @@ class DiscriminatorHead(nn.Module):
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
-  """x[b, positions[b, p]] for x of shape [B, L, ...] and positions [B, P], as a one-hot matmul over the sequence:
-  exact (one term per output), and its gradient is a matmul where take_along_axis's is a scatter-add."""
+  """x[b, positions[b, p]] ([B, L, ...], [B, P]) as an exact one-hot matmul: its gradient a matmul, not a scatter."""
   return jnp.einsum("bpl,bl...->bp...", jax.nn.one_hot(positions, x.shape[1], dtype=x.dtype), x, precision=EXACT)
 
 
@@ -547,9 +535,8 @@ class Electra(nn.Module):
 
   def discriminator_mlm_logits(self, input_ids, segment_ids, positions=None, *, copy: bool = False,
                                deterministic: bool = True):
-    """The discriminator as a masked LM (BERT and the MLM ablations): logits [B, P, V] at `positions`, or [B, L, V]
-    at every position when None (All-Tokens MLM). With `copy`, also the copy-gate logits [B, L] of the
-    replaced-token head (the paper's copy mechanism for All-Tokens MLM)."""
+    """The discriminator as a masked LM: logits [B, P, V] at `positions`, or [B, L, V] at every position when None;
+    with `copy`, also the replaced-token head's logits [B, L] (All-Tokens MLM's copy gate)."""
     h, table = self._encode("discriminator", input_ids, segment_ids, deterministic)
     logits = self.discriminator_mlm_head(h if positions is None else gather_positions(h, positions), table)
     return (logits, self.discriminator_head(h)) if copy else logits
