@@ -43,7 +43,7 @@ def decay_mask(params):
 
 
 def scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-  """Adam's m / (√v + ε) without bias correction (the official code's), in scale_by_adam's state: one layout."""
+  """Adam's m / (√v + ε) without bias correction (the official code's), in the state scale_by_adam keeps."""
   def init(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
@@ -195,7 +195,7 @@ def lr_multiplier(path, num_layers: int, decay: float) -> float:
 
 
 def layerwise_lr_decay(num_layers: int, decay: float) -> optax.GradientTransformation:
-  """Each update scaled by lr_multiplier: after the optimiser, a per-layer rate (decay included, as officially)."""
+  """Each update scaled by lr_multiplier: after the optimiser, a per-layer rate (weight decay included, as official)."""
   def update(updates, state, params=None):
     del params
     return jax.tree_util.tree_map_with_path(lambda p, u: u * lr_multiplier(p, num_layers, decay), updates), state
