@@ -1,6 +1,5 @@
-"""A training workdir's own files (pre-training's and fine-tuning's): config.json (written, and read back onto today's
-schema for the run's plan.py to compare) and plan.json beside it (what the plan decided), whether it can be written or
-emptied, and the lock that keeps it one writer's. Paths may be local or gs:// (storage.py)."""
+"""A training workdir's own files: config.json (read back onto today's schema) and plan.json (what the run's plan
+decided), whether it can be written or emptied, and the lock that keeps it one writer's. Local or gs:// paths."""
 import contextlib
 import itertools
 import json
@@ -20,12 +19,11 @@ from jax.experimental import multihost_utils
 from electra_jax import config as config_lib
 from electra_jax.runtime import jax_private, storage
 
-PLAN_FILE = "plan.json"  # what a run's plan.py decided at its entrance
+PLAN_FILE = "plan.json"
 
 
 def check_writable(workdir: str, name: str = "workdir"):
-  """The workdir (or another output directory, `name` in the errors) is a directory that can be written, or can be
-  created (a local path; gs:// is not checked)."""
+  """The local output directory `workdir` (`name` in the errors) can be written or created; gs:// is not checked."""
   if storage.is_remote(workdir):
     return
   existing = os.path.abspath(workdir)
@@ -38,8 +36,7 @@ def check_writable(workdir: str, name: str = "workdir"):
 
 
 def saved_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDict | None:
-  """The config of the run in `workdir` (its config.json read onto `schema()`: load_config), or None where there is
-  none."""
+  """load_config(workdir, schema), or None where `workdir` has no config.json."""
   return load_config(workdir, schema) if epath.Path(workdir, "config.json").exists() else None
 
 
@@ -64,16 +61,14 @@ def write_config(workdir: str, config: ml_collections.ConfigDict):
 
 
 def write_plan(workdir: str, config: ml_collections.ConfigDict, plan: dict):
-  """<workdir>/config.json and plan.json (what the run's entrance decided: its data or task, tokenizer, start), by
-  process 0, once every check has passed."""
+  """<workdir>/config.json and plan.json (its data or task, tokenizer, start), by process 0, once every check passed."""
   write_config(workdir, config)
   if jax.process_index() == 0:
     storage.write(epath.Path(workdir) / PLAN_FILE, json.dumps(plan, indent=2))
 
 
 def load_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDict:
-  """The resolved config a run (or a params-only export) wrote to <dir>/config.json, migrated onto `schema()` (the
-  pre-training schema unless another is given: config.from_saved)."""
+  """The config a run (or a params-only export) wrote to <dir>/config.json, migrated onto `schema()` (from_saved)."""
   path = epath.Path(workdir) / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"{workdir} is not a pre-training workdir: {path} is missing")
@@ -86,19 +81,16 @@ def load_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDi
 # --- One writer per workdir ------------------------------------------------------------------------------------------
 
 LOCK_FILE = ".lock"
-HEARTBEAT_S = 10  # how often the holder rewrites its lock: a newcomer on another machine sees it live within this
+HEARTBEAT_S = 10  # how often the holder rewrites its lock
 STALE_S = 300  # a lock of another machine that stays unchanged this long, while a newcomer watches, is taken over
 WATCH_S = 1  # how often a newcomer looks at the lock it watches
-_entered = itertools.count()  # the Locks this process entered: their key in the coordination service, with several
+_entered = itertools.count()  # the Locks this process entered: their key in the coordination service
 
 
 class Lock:
-  """<workdir>/.lock: keeps a workdir to one writer (electra-pretrain, electra-finetune) while readers (export,
-  init_from) read on. A JSON record of its holder, created only where none exists and rewritten every HEARTBEAT_S by
-  a thread; another writer is refused in one line naming the holder. A holder on this machine is taken over once its
-  process has ended, one elsewhere once its lock stayed unchanged for STALE_S while the newcomer watched it: no clock
-  of another machine is read (docs/reliability.md). Only process 0 takes it; every process learns whether it got it.
-  A holder whose lock was taken over, or went unrewritten for STALE_S - HEARTBEAT_S, is told at `check()`."""
+  """<workdir>/.lock, one writer's while readers read on: its holder's record, created only where none exists and
+  rewritten every HEARTBEAT_S, taken over once its process ended or (another machine's) it stayed unchanged for STALE_S
+  while watched (docs/reliability.md). Process 0 takes it for all; `check()` tells a holder that lost it."""
 
   def __init__(self, workdir: str, command: str):
     self.workdir = workdir
@@ -109,10 +101,10 @@ class Lock:
                        pid=os.getpid(), started=_started(os.getpid()), since=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                        beat=0, token=uuid.uuid4().hex)
     self.lost = None  # the one-line reason, once the lock was taken over
-    self._version = None  # what our lock is now (local: inode and mtime; gs://: generation)
+    self._version = None  # what our lock is now (a Version)
     self._written = 0.0  # when (monotonic) the last write of our lock that landed began
     self._writing = threading.Lock()  # a rewrite, and check()'s look at the lock, one at a time
-    self._created = None  # the topmost directory this lock created (removed again on release when empty)
+    self._created = None  # the topmost directory this lock created (removed on release when empty)
     self._stop = threading.Event()
     self._thread = None
 
@@ -150,8 +142,7 @@ class Lock:
         directory = os.path.dirname(directory)
 
   def check(self):
-    """Raises OSError on every process once the lock was taken over (process 0 looks at it now) or has not been
-    rewritten for STALE_S - HEARTBEAT_S: this run must not write on."""
+    """Raises OSError on every process once the lock was taken over or not rewritten for STALE_S - HEARTBEAT_S."""
     if self._version is not None and self.lost is None:
       with self._writing:
         try:
@@ -207,8 +198,7 @@ class Lock:
                    f"for {STALE_S} s; lock file {self.path})")
 
   def _watch(self, holder: dict | None, version) -> dict | None:
-    """Watches the lock for STALE_S: its record ({} once released, or unreadable) as soon as it changes, None if it
-    never did."""
+    """Watches the lock for STALE_S: its record ({} once released) as soon as it changes, None if it never did."""
     logging.warning("Workdir %s is locked by %s on another machine: watching its lock for up to %d s (taken over if "
                     "it stays unchanged, refused as soon as its holder rewrites it)", self.workdir, _who(holder),
                     STALE_S)
@@ -242,8 +232,7 @@ class Lock:
 
 
 def _tell_others(key: str, refusal: Exception | None) -> Exception | None:
-  """Process 0's refusal (or None) for every process, through the coordination service's key-value store: the others
-  wait there for as long as a takeover may watch, where a collective would give up after tens of seconds."""
+  """Process 0's refusal (or None) for every process, through the key-value store (a collective would time out)."""
   client = jax_private.coordination_client()
   if jax.process_index() == 0:
     client.key_value_set(key, "" if refusal is None else str(refusal) or type(refusal).__name__)
@@ -257,20 +246,13 @@ def _tell_others(key: str, refusal: Exception | None) -> Exception | None:
 
 def _boot() -> str:
   """This boot of this machine (Linux), or '' where it cannot be told: a pid names a process within one boot only."""
-  try:
-    with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:
-      return f.read().strip()
-  except OSError:
-    return ""
+  return storage.read_local("/proc/sys/kernel/random/boot_id")
 
 
 def _started(pid: int) -> int | None:
   """When process `pid` started, in clock ticks since boot (Linux), or None: tells a pid reused by another process."""
-  try:
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-      return int(f.read().rsplit(")", 1)[1].split()[19])
-  except (OSError, IndexError, ValueError):
-    return None
+  fields = storage.proc_stat(pid)
+  return int(fields[19]) if len(fields) > 19 else None
 
 
 def _here(holder: dict) -> bool:
@@ -304,9 +286,8 @@ def _parse(data: bytes, version: Version) -> tuple[dict | None, Version]:
 
 
 class _LocalFile:
-  """The lock file on a local (or network) file system: created with O_CREAT|O_EXCL, replaced by a rename of a file
-  written beside it (not atomic with its check, but a takeover only follows STALE_S of silence), deleted by renaming
-  it away first and putting it back if it was another writer's."""
+  """The lock file on a local (or network) file system: created with O_CREAT|O_EXCL, replaced and deleted by renames
+  (not atomic with their check, but a takeover only follows STALE_S of silence)."""
 
   def __init__(self, path: str):
     self.path = path
@@ -363,8 +344,7 @@ class _LocalFile:
 
 
 class _GcsFile:
-  """The lock object on gs://: every change is conditional on the generation it replaces (0: none), so Cloud
-  Storage decides every race."""
+  """The lock object on gs://: every change is conditional on the generation it replaces, so Cloud Storage decides."""
 
   def __init__(self, path: str):
     from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
@@ -383,19 +363,16 @@ class _GcsFile:
       return None, None
     return _parse(data, blob.generation)
 
-  def _upload(self, data: bytes, generation: int) -> Version | None:
+  def create(self, data: bytes) -> Version | None:
+    return self.replace(data, 0)  # generation 0: no object yet
+
+  def replace(self, data: bytes, version: Version) -> Version | None:
     blob = self.bucket.blob(self.name)
     try:
-      blob.upload_from_string(data, content_type="application/json", if_generation_match=generation)
+      blob.upload_from_string(data, content_type="application/json", if_generation_match=version)
     except self.lost_races:
       return None
     return blob.generation
-
-  def create(self, data: bytes) -> Version | None:
-    return self._upload(data, 0)
-
-  def replace(self, data: bytes, version: Version) -> Version | None:
-    return self._upload(data, version)
 
   def delete(self, version: Version):
     with contextlib.suppress(*self.lost_races):

@@ -8,6 +8,8 @@ import sys
 
 from absl import flags, logging
 
+from electra_jax.runtime import storage
+
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # electra_jax/, above runtime/
 # The project's code beside the package, run from a checkout (`make demo` runs studies/).
 OWN_DIRS = (PACKAGE, *(os.path.join(os.path.dirname(PACKAGE), d)
@@ -19,20 +21,13 @@ GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 GOOGLE_PCI_VENDOR = "0x1ae0"
 
 
-def _read(path: str) -> str:
-  try:
-    with open(path, encoding="ascii") as f:
-      return f.read().strip()
-  except OSError:
-    return ""
-
-
 def accelerator_attached() -> bool:
-  """Whether this host has a TPU chip or a GPU, from what their drivers create: /dev/accel* (TPU v2-v4), VFIO groups
-  (v5e and later), a Google PCI device that is neither a network nor a disk controller, or a GPU's device files."""
+  """Whether this host has a TPU (/dev/accel*, VFIO groups, a Google PCI device that is neither network nor disk) or
+  a GPU."""
   vfio_groups = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p) != "vfio"]
-  google_pci_classes = [_read(os.path.join(os.path.dirname(v), "class"))
-                        for v in glob.glob("/sys/bus/pci/devices/*/vendor") if _read(v) == GOOGLE_PCI_VENDOR]
+  google_pci_classes = [storage.read_local(os.path.join(os.path.dirname(vendor), "class"))
+                        for vendor in glob.glob("/sys/bus/pci/devices/*/vendor")
+                        if storage.read_local(vendor) == GOOGLE_PCI_VENDOR]
   return bool(glob.glob("/dev/accel*") or vfio_groups or any(os.path.exists(p) for p in GPU_DEVICE_FILES) or
               any(not c.startswith(("0x01", "0x02")) for c in google_pci_classes))
 
@@ -58,24 +53,12 @@ def _project_voice(record: std_logging.LogRecord) -> bool:
   return own(record.pathname) or (record.levelno >= std_logging.WARNING and not str(record.msg).startswith(CHATTER))
 
 
-def _announce_downloads_only(announce):
+def _downloads_only(announce):
   """TFDS's "Downloading and preparing dataset ..." lines, for a real download only (not electra-prepare's)."""
   def announce_downloads(builder):
     if builder.info.download_size:
       announce(builder)
-  announce_downloads.announces_downloads_only = True
   return announce_downloads
-
-
-def _quiet_empty_downloads():
-  if importlib.util.find_spec("tensorflow_datasets") is None:
-    return
-  from tensorflow_datasets.core import dataset_builder  # pylint: disable=g-import-not-at-top
-  builder = dataset_builder.DatasetBuilder
-  for name in ("_log_download_bytes", "_log_download_done"):
-    announce = getattr(builder, name, None)
-    if announce is not None and not getattr(announce, "announces_downloads_only", False):
-      setattr(builder, name, _announce_downloads_only(announce))
 
 
 def _between_bars(emit):
@@ -85,19 +68,28 @@ def _between_bars(emit):
   def emit_between_bars(record):
     with tqdm.external_write_mode(file=sys.stderr):
       emit(record)
-  emit_between_bars.between_bars = True
   return emit_between_bars
+
+
+def _wrap_once(owner, name: str, wrap):
+  """owner.<name> = wrap(owner.<name>), where it exists and no earlier start() wrapped it."""
+  old = getattr(owner, name, None)
+  if old is not None and not getattr(old, "electra_jax_wrapped", False):
+    setattr(owner, name, wrap(old))
+    getattr(owner, name).electra_jax_wrapped = True
 
 
 def start():
   """What a command calls once its flags are parsed, before its work."""
   choose_platforms()
   handler = logging.get_absl_handler()
-  writer = handler.python_handler  # what ABSLHandler.handle hands a record to, once it passed the filters
-  if not getattr(writer.emit, "between_bars", False):
-    writer.emit = _between_bars(writer.emit)
+  # python_handler: what ABSLHandler.handle hands a record to, once it passed the filters.
+  _wrap_once(handler.python_handler, "emit", _between_bars)
   if flags.FLAGS["verbosity"].present:
     handler.removeFilter(_project_voice)
   else:
     handler.addFilter(_project_voice)
-    _quiet_empty_downloads()
+    if importlib.util.find_spec("tensorflow_datasets") is not None:
+      from tensorflow_datasets.core import dataset_builder  # pylint: disable=g-import-not-at-top
+      for name in ("_log_download_bytes", "_log_download_done"):
+        _wrap_once(dataset_builder.DatasetBuilder, name, _downloads_only)

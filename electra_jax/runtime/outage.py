@@ -38,8 +38,7 @@ def _period(seconds: float) -> float:
 
 
 def watch(command: str):
-  """From now on, ends this process in one line, exit 1, once the store has not answered for timeout_s(); gcsfs's
-  retries lengthened to match, and an upload whose session the store lost started again."""
+  """From now on, ends this process in one line, exit 1, once the store has not answered for timeout_s()."""
   seconds = timeout_s()
   gcsfs_private.lengthen_retries(seconds + 2 * _period(seconds))  # past the watcher's line: it ends the command
   gcsfs_private.restart_lost_uploads()

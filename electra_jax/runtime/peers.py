@@ -1,6 +1,5 @@
-"""A multi-process run ends, rather than hangs, when one of its processes dies or stalls: heartbeats in the
-coordination service's key-value store; one silent for `timeout_s` ends every other process in one line, exit 1
-(docs/reliability.md, "A lost or stalled process")."""
+"""A multi-process run ends in one line, rather than hangs, when one of its processes dies or stalls: heartbeats in
+the coordination service's key-value store (docs/reliability.md, "A lost or stalled process")."""
 import contextlib
 import os
 import sys

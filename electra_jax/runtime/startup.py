@@ -1,5 +1,4 @@
-"""The process's JAX runtime, set up once by every entry point before anything touches the devices: storage (gs://,
-an emulator), the compilation cache, joining the other processes of a multi-host run, and the random-bit generator."""
+"""The process's JAX runtime (storage, compilation cache, processes, random bits), set up by every entry point."""
 import os
 
 import jax
@@ -8,14 +7,6 @@ from electra_jax.runtime import peers, storage
 
 # How long a CPU collective's local device threads wait for its cross-process part before XLA aborts the process.
 CPU_COLLECTIVE_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
-
-
-def use_compilation_cache():
-  """Keeps compiled steps on disk for a restarted run: in JAX_COMPILATION_CACHE_DIR when set (gs:// too), else
-  ~/.cache/electra_jax/xla (XDG_CACHE_HOME)."""
-  if not jax.config.jax_compilation_cache_dir:
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
 
 
 def lost_peer_settings(timeout_s: float) -> dict:
@@ -31,10 +22,11 @@ def lost_peer_settings(timeout_s: float) -> dict:
 
 
 def initialize(peer_timeout_s: float = 0):
-  """Sets up storage and the compilation cache, joins the other processes of a multi-host run (launch/gpu.sh's
-  variables, or a TPU pod's) and picks the random-bit generator. Call before anything touches the devices."""
+  """Call before anything touches the devices. Joins a multi-host run from launch/gpu.sh's variables or a TPU pod's."""
   storage.initialize()
-  use_compilation_cache()
+  if not jax.config.jax_compilation_cache_dir:  # compiled steps kept for a restart; JAX_COMPILATION_CACHE_DIR wins
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(home, "electra_jax", "xla"))
   if "JAX_COORDINATOR_ADDRESS" in os.environ:
     jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_NUM_PROCESSES"]),
                                int(os.environ["JAX_PROCESS_ID"]), **lost_peer_settings(peer_timeout_s))

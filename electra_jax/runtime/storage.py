@@ -1,10 +1,6 @@
-"""One file-system layer for local paths and gs:// alike: etils.epath (over gcsfs, as Orbax's own paths are), plus
-recursive globs, atomic writes, directories put in place whole and local copies of remote files. No TensorFlow here.
-
-On gs:// an upload is atomic, so a file is replaced in place; a directory cannot be renamed, so one that must be
-complete or absent is uploaded with the file its readers look for first written last. STORAGE_EMULATOR_HOST points
-every library at an emulator (docs/launch.md).
-"""
+"""One file-system layer for local paths and gs:// alike (docs/launch.md, "Cloud Storage"): etils.epath over gcsfs, as
+Orbax's paths are, plus recursive globs, atomic writes, directories put in place whole and local copies of remote
+files; on gs://, where a directory cannot be renamed, one is uploaded with the file its readers look for first last."""
 import contextlib
 import errno
 import glob as glob_lib
@@ -26,8 +22,7 @@ LEFTOVER_AGE_S = 24 * 3600  # a temporary of another host (or an unnamed owner) 
 
 
 def initialize():
-  """Makes every gs:// access go through gcsfs (not TensorFlow's gfile, which has no emulator setting), and through
-  the emulator when STORAGE_EMULATOR_HOST is set: each library's setting (docs/launch.md's table)."""
+  """Every gs:// access through gcsfs (not TensorFlow's gfile), and the emulator's settings (docs/launch.md)."""
   os.environ.setdefault("EPATH_USE_TF", "false")
   host = os.environ.get("STORAGE_EMULATOR_HOST")
   if not host:
@@ -43,8 +38,8 @@ def initialize():
 
 
 def check_reachable(timeout_s: float = 10.0):
-  """One TCP connect to Cloud Storage (or the emulator): an unreachable service is one line at once rather than a
-  minute of gcsfs's retries. Skipped behind an HTTPS proxy, which a direct connect cannot judge."""
+  """One TCP connect to Cloud Storage: an unreachable service is one line at once, not a minute of retries (skipped
+  behind an HTTPS proxy)."""
   if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
     return
   url = urllib.parse.urlsplit(endpoint())
@@ -102,8 +97,7 @@ def write(path, data: bytes | str):
 
 
 def copy_file(src, dst):
-  """Streams one file between any two stores (gs:// to gs://: Cloud Storage copies it); an upload whose session the
-  store lost midway is started again."""
+  """Streams one file between any two stores; an upload whose session the store lost midway is started again."""
   if os.fspath(src).startswith("gs://") and os.fspath(dst).startswith("gs://"):
     import fsspec  # pylint: disable=g-import-not-at-top
     fs, _ = fsspec.core.url_to_fs(os.fspath(dst))
@@ -148,17 +142,12 @@ def refuse_existing(path, overwrite: bool, how: str = "pass --overwrite to repla
     raise FileExistsError(f"{path} exists; {how}")
 
 
-def _canonical(path) -> str:
-  path = os.fspath(path)
-  return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
-
-
 def refuse_overlap(output, inputs: Iterable[tuple[str, str]], name: str = "output"):
-  """A one-line ValueError when `output` is, contains or is inside one of `inputs` ((path, what it is)): writing it
-  would change what the command reads."""
-  out = _canonical(output)
+  """A one-line ValueError when `output` is, contains or is inside one of `inputs` ((path, what it is))."""
+  canonical = lambda path: os.fspath(path).rstrip("/") if is_remote(path) else os.path.realpath(path)
+  out = canonical(output)
   for path, what in inputs:
-    p = _canonical(path)
+    p = canonical(path)
     relation = ("is" if out == p else "contains" if p.startswith(out + "/") else
                 "is inside" if out.startswith(p + "/") else None)
     if relation:
@@ -171,8 +160,7 @@ NO_SPACE = (*DISK_FULL, errno.EFBIG)  # and the file size limit
 
 
 def no_space(e: Exception, errnos: tuple = NO_SPACE) -> bool:
-  """Whether `e` is a write that ran out of space (of `errnos`), by errno or in words (ArrayRecord, safetensors, TFDS
-  give no errno)."""
+  """Whether `e` is a write that ran out of space (of `errnos`), by errno or in words (some writers give no errno)."""
   return getattr(e, "errno", None) in errnos or any(os.strerror(n) in str(e) for n in errnos)
 
 
@@ -191,9 +179,8 @@ def size(n: int) -> str:
 
 @contextlib.contextmanager
 def staged_dir(out: str, last: str):
-  """Yields a new local directory for `out`'s files, which replace `out` when the block ends without error: renamed
-  into place, or on gs:// uploaded with `last` (what readers check first) last. No space is one OSError naming `out`;
-  an earlier `out` is left as it was."""
+  """Yields a new local directory for `out`'s files, which replace `out` if the block ends without error (on gs://
+  uploaded with `last` last); no space is one OSError naming `out`, an earlier `out` left as it was."""
   remote = is_remote(out)
   out = absolute(out)
   # A killed writer's leftovers go when `out` is next written.
@@ -235,8 +222,8 @@ def cache_dir() -> str:
 
 
 class LocalCopy:
-  """A local mirror of the remote `directory` under cache_dir(), each file fetched when first asked for: one per
-  version (the SHA-256 of `key_files`), the others' deleted. A host's processes share it (files renamed into place)."""
+  """A local mirror of the remote `directory` under cache_dir(), each file fetched when first asked for, shared by a
+  host's processes: one per version (the SHA-256 of `key_files`), the others' deleted."""
 
   def __init__(self, directory: str, *key_files: str):
     self.remote = directory
@@ -289,11 +276,21 @@ def process_gone(host: str, pid: int) -> bool:
     return True
   except PermissionError:  # another user's: it runs
     return False
-  try:  # killed but not yet reaped by its parent: gone all the same
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-  except (OSError, IndexError):
-    return False
+  return proc_stat(pid)[:1] in (["Z"], ["X"])  # killed but not yet reaped by its parent: gone all the same
+
+
+def read_local(path: str) -> str:
+  """A small local file's text, stripped, or '' where it cannot be read (/proc, /sys)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def proc_stat(pid: int) -> list[str]:
+  """The fields of /proc/<pid>/stat after the command's name, the state first (Linux), or []."""
+  return read_local(f"/proc/{pid}/stat").rpartition(")")[2].split()
 
 
 def temp_path(path) -> str:
