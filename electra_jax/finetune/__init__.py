@@ -1,13 +1,10 @@
 """Fine-tuning the discriminator on a classification, regression, sentence-pair, token classification (NER-style) or
-extractive QA task (`electra-finetune`). May import cli, run/ and the layers below; never pretrain/.
+extractive QA task (`electra-finetune`); the twin of pretrain/. May import cli, run/ and the layers below; never
+pretrain/.
 
-  config.py                     the config schema (base_config)
-  tasks.py, token_tasks.py, qa.py  each task kind's data, encoding and metrics
-  heads.py, model.py, hf_heads.py  each task type's Head: its model, loss, metrics, predictions and best/'s HF class
-  plan.py                       what a run is, decided once at its entrance (workdir, weights, tokenizer)
-  protocol.py                   one run, or the paper's protocol (seeds × learning rates, the rate chosen on dev)
-  experiment.py                 what a config compiles: weights, splits, model, optimiser, the jitted steps
-  loop.py                       restore or init, evaluation, model selection, the results
+  plan.py, experiment.py, loop.py   as pretrain/'s; protocol.py: one run, or the paper's seeds × learning rates
+  tasks.py, token_tasks.py, qa.py   each task kind's data, encoding and metrics
+  heads.py, model.py, hf_heads.py   each task type's Head: its model, loss, metrics, predictions and best/'s HF class
 """
 import importlib
 

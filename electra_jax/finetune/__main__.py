@@ -5,15 +5,12 @@
       --config.task.eval_file=dev.jsonl --config.init_from=runs/demo --workdir=runs/ft_mine  # your own task
   electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment \
       --seeds=0,1,2 --learning_rates=1e-4,3e-4,1e-3  # the protocol: median (min-max) over seeds, rate chosen on dev
-  electra-finetune --config=configs/finetune/ner.py --config.task.train_file=train.jsonl --config.init_from=... \
-      --workdir=...  # tagging: JSONL tokens/tags or a CoNLL column file
-  electra-finetune --config=configs/finetune/qa.py --config.task.train_file=train.json --config.init_from=... \
-      --workdir=...  # extractive QA: SQuAD v1.1 JSON
 
-Starts from a pre-training workdir (its latest checkpoint, or --config.init_step), an HF ELECTRA directory, or random
-init when init_from is empty. Task data: JSONL/CSV/TSV files (local or gs://), a local TFDS dataset or a built-in task;
-without eval rows a seeded task.eval_fraction of the training rows is held out, and a dev fold (task.dev_fraction)
-chooses the model and stops the run early.
+Tagging (configs/finetune/ner.py: JSONL tokens/tags or a CoNLL column file) and extractive QA (configs/finetune/qa.py:
+SQuAD v1.1 JSON) run the same way. A run starts from a pre-training workdir (its latest checkpoint, or
+--config.init_step), an HF ELECTRA directory, or random init when init_from is empty. Task data: JSONL/CSV/TSV files
+(local or gs://), a local TFDS dataset or a built-in task; without eval rows a seeded task.eval_fraction of the
+training rows is held out, and a dev fold (task.dev_fraction) chooses the model and stops the run early.
 
 The workdir receives config.json, plan.json, metrics.jsonl, tensorboard/, checkpoints/ (SIGTERM/Ctrl-C save and exit
 0: the same command resumes), best/ (an HF directory), predictions_*.jsonl and, last, eval_results.json. A workdir

@@ -35,20 +35,14 @@ def base_config() -> ml_collections.ConfigDict:
       text_field="text",
       text_b_field="",  # set for sentence-pair tasks
       label_field="label",
-      # held out of the training rows (seeded) without an eval file or split (task:NAME pre-trains on the rest)
-      eval_fraction=task_rows.EVAL_FRACTION,
+      eval_fraction=task_rows.EVAL_FRACTION,  # of the training rows, held out (seeded) without eval rows
       split_seed=task_rows.SPLIT_SEED,
       num_train_examples=0,  # 0 = all; else a seeded subset of the training rows (the low-label setting)
-      # > 0: this fraction of the training rows (before num_train_examples subsets the rest) is a dev fold; the model
-      # and the reported eval metrics are those of the evaluation best on dev (0: the last model).
-      dev_fraction=0.1,
+      dev_fraction=0.1,  # of the training rows (before num_train_examples): the fold that selects the model; 0: last
       num_epochs=3.0,  # at least; a small task trains for train.min_steps instead
-      # token_classification: JSONL rows of a word list and its tag list (IOB2 for entity metrics), or a CoNLL-style
-      # column file (.txt/.conll: one `word tag` per line, a blank line between sentences)
-      tokens_field="tokens",
+      tokens_field="tokens",  # token_classification: JSONL words and tags, or a CoNLL column file (docs/token_tasks.md)
       tags_field="tags",
-      # qa (SQuAD v1.1 JSON): contexts longer than a window are cut into windows that share doc_stride pieces
-      doc_stride=32,
+      doc_stride=32,  # qa (SQuAD v1.1 JSON): pieces shared by the windows a long context is cut into
       max_query_length=64,  # question pieces kept
       max_answer_length=30,  # pieces of a predicted answer at most
       n_best_size=20,  # start and end candidates per window

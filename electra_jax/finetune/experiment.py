@@ -36,8 +36,7 @@ def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
-  """The training rows of 0-based step `step`: epoch e's seeded permutation of the n rows, cut into batches (the
-  incomplete last batch of an epoch is dropped)."""
+  """The rows of 0-based `step`: its epoch's seeded permutation of n rows in batches (a last partial one dropped)."""
   epoch, i = divmod(step, n // batch_size)
   return _permutation(seed, epoch, n)[i * batch_size:(i + 1) * batch_size]
 
@@ -168,10 +167,9 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
   num_steps = whole(max(ft.train.min_steps, math.ceil(ft.task.num_epochs * steps_per_epoch), 1))
   steps = build_steps(ft, head, mc, seq_len, num_steps)
   return Setup(
-      ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad,
-      encoder=encoder, train=train, dev=dev, eval=eval_, test=test, metric=metric, seq_len=seq_len,
-      steps_per_epoch=steps_per_epoch, num_steps=num_steps,
-      eval_every=ft.train.eval_every or (
+      ft=ft, head=head, mc=mc, tokenizer_path=tokenizer_path, pad_id=tok.special_ids.pad, encoder=encoder, train=train,
+      dev=dev, eval=eval_, test=test, metric=metric, seq_len=seq_len, steps_per_epoch=steps_per_epoch,
+      num_steps=num_steps, eval_every=ft.train.eval_every or (
           whole(max(steps_per_epoch, num_steps // 20)) if dev is not None else num_steps),
       rng=jax.random.fold_in(jax.random.key(ft.train.seed), 1),
       **{f.name: getattr(steps, f.name) for f in dataclasses.fields(steps)})
@@ -179,8 +177,7 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
 
 def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelConfig, seq_len: int, num_steps: int,
                 devices=None) -> Steps:
-  """The optimiser (train.* with the rate and decay resolved) and the jitted train and predict steps on the mesh of
-  `devices` (default: this host's)."""
+  """The optimiser (rate and decay resolved) and the jitted train and predict steps on the mesh of `devices`."""
   given = recipe(ft.train, num_steps, mc.discriminator.num_layers)
   resolved = dataclasses.replace(given, learning_rate=learning_rate(given.learning_rate, mc),
                                  layer_decay=layer_decay(given.layer_decay, mc))
@@ -188,7 +185,7 @@ def build_steps(ft: ml_collections.ConfigDict, head: Head, mc: modeling.ModelCon
   mesh = sharding.create_mesh(**ft.mesh, devices=devices)
   sharding.check_batch(ft.train.batch_size, mesh, ft.train.grad_accum_steps)
   sharding.check_batch(ft.train.eval_batch_size, mesh)
-  model = head.model(mc)
+  model = head.module(mc, head.num_labels)
   dummy = jnp.zeros((1, seq_len), jnp.int32)
   sharded = sharding.create_state(lambda rng: model.init(rng, dummy, dummy)["params"], optimizer, mesh)
   update = update_lib.Update(optimizer, ft.train.grad_accum_steps)
@@ -202,8 +199,7 @@ def compile_targets(ft: ml_collections.ConfigDict, head: Head, steps: Steps, seq
   """The train and predict steps with ShapeDtypeStructs of their arguments (aot.py compiles them)."""
   state = steps.sharded.abstract()
   rng = aot.key_struct(steps.sharded.replicated)
-  def batch(layout, rows: int, k: int = 1):  # as the loop's batches, labels included
-    return aot.int_batch(layout, rows, seq_len, k, labels=head.label_shape(rows, seq_len))
+  batch = lambda layout, rows, k=1: aot.int_batch(layout, rows, seq_len, k, labels=head.label_shape(rows, seq_len))
   return [("train step", steps.step_fn,
            (state, batch(steps.step_batch, ft.train.batch_size, ft.train.steps_per_dispatch), rng)),
           ("predict step", steps.predict, (state.params, batch(steps.sharded.batch, ft.train.eval_batch_size), rng))]

@@ -10,11 +10,9 @@ import numpy as np
 import optax
 
 from electra_jax.data import tokenizer as tokenizer_lib
-from electra_jax.finetune import hf_heads, qa, tasks, token_tasks
+from electra_jax.finetune import qa, tasks, token_tasks
 from electra_jax.finetune import model as model_lib
 from electra_jax.finetune.config import METRICS
-from electra_jax.model import modeling
-from electra_jax.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,18 +45,10 @@ class Head:
   def num_labels(self) -> int:
     return 1 if self.names is None else len(self.names)
 
-  def model(self, mc: modeling.ModelConfig) -> nn.Module:
-    return self.module(mc, self.num_labels)
-
-  def save(self, mc: modeling.ModelConfig, params, tokenizer_path: str, pad_id: int, directory: str):
-    """Every process takes part (the parameters are gathered); process 0 writes."""
-    hf_heads.save(mc, sharding.to_host(params), self.names, tokenizer_path, pad_id, directory)
-
 
 @dataclasses.dataclass(frozen=True)
 class Classification(Head):
-  """Sequence classification, or regression (no label names): ELECTRA's classification head on [CLS], cross-entropy
-  or squared error, a prediction per example, best/ as HF's ElectraForSequenceClassification."""
+  """Sequence classification or regression (no names): the head on [CLS], best/ an ElectraForSequenceClassification."""
   module: ClassVar = model_lib.Classifier
 
   @classmethod
@@ -98,8 +88,7 @@ def _read_files(task, read: Callable[[str, bool], list[dict]]) -> tuple[tuple[li
 
 @dataclasses.dataclass(frozen=True)
 class Tagging(Head):
-  """Token classification (token_tasks.py): a tag per word on its first piece, conlleval's entity metrics, a row of
-  tags per sentence, best/ as HF's ElectraForTokenClassification. Units: sentences."""
+  """Token classification (token_tasks.py): a tag per word, conlleval's metrics, best/ ElectraForTokenClassification."""
   module: ClassVar = model_lib.TokenClassifier
   selectable: ClassVar = token_tasks.METRICS
   loss = staticmethod(token_tasks.loss)

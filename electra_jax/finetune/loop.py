@@ -11,8 +11,10 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from electra_jax.finetune import hf_heads
 from electra_jax.finetune import plan as plan_lib
 from electra_jax.finetune.experiment import batch_rows, compile_targets, make_setup, Setup
+from electra_jax.parallel import sharding
 from electra_jax.parallel import state as state_lib
 from electra_jax.run import checkpoints, goodput
 from electra_jax.run import loop as loop_lib
@@ -54,9 +56,7 @@ def train(plan: plan_lib.Plan) -> dict | None:
                               lock=lock, writer=writer, clock=clock, closers=(), done=tuning.converged)
     if stopped:
       return None
-    # The selected model's eval metrics and the run's facts.
-    progress = tuning.progress
-    best = progress.best
+    progress, best = tuning.progress, tuning.progress.best
     results = dict(task=ft.task.name or ft.task.tfds_name or ft.task.train_file,
                    init_from=f"random init ({ft.init_from})" if ft.random_init else ft.init_from or "random",
                    num_train=setup.train.size, num_eval=setup.eval.size, num_steps=setup.num_steps,
@@ -87,8 +87,7 @@ PROGRESS = "position"  # its key in a checkpoint's payload, as earlier versions 
 
 def restore_or_init(s: Setup, ckpt: checkpoints.Checkpointer,
                     plan: plan_lib.Plan) -> tuple[state_lib.TrainState, Progress]:
-  """The latest checkpoint's state and progress on the current mesh, or a fresh state from train.seed with
-  init_from's encoder but its top train.reinit_layers layers."""
+  """The latest checkpoint's state and progress, or a fresh state with init_from's encoder but its top reinit_layers."""
   if plan.resume_step is not None:
     restored = ckpt.restore(s.sharded.abstract(), set_aside_corrupt=True)
     logging.info("Resumed %s from step %d", plan.workdir, int(restored.state.step))
@@ -183,7 +182,8 @@ class Tuning:
     """best/ and the predictions of the model `record` evaluated."""
     s = self.s
     self.progress.best = record
-    s.head.save(s.mc, params, s.tokenizer_path, s.pad_id, f"{self.workdir}/{BEST_DIR}")
+    best = f"{self.workdir}/{BEST_DIR}"  # every process gathers the parameters; process 0 writes
+    hf_heads.save(s.mc, sharding.to_host(params), s.head.names, s.tokenizer_path, s.pad_id, best)
     splits = [("eval", s.eval, eval_outputs)]
     splits += [("test", s.test, s.outputs(params, s.test.examples, self.ahead.result()))] if s.test is not None else []
     for name, split, outputs in splits:

@@ -88,8 +88,7 @@ class Features:
 
 
 def window_starts(n: int, window: int, doc_stride: int) -> list[int]:
-  """Where the windows over n context pieces start: each window holds `window` pieces and shares doc_stride of them
-  with the next (HF tokenizers' stride), the last one reaching the end."""
+  """Where windows of `window` pieces over n start, each sharing doc_stride with the next (HF's stride), to the end."""
   starts = [0]
   while starts[-1] + window < n:
     starts.append(starts[-1] + window - doc_stride)
@@ -130,8 +129,7 @@ def encode(tok: tokenizer_lib.Tokenizer, rows: list[dict], seq_len: int, doc_str
 
 
 def _answer_pieces(off: np.ndarray, answer: dict | None) -> tuple[int, int]:
-  """The first and last pieces of `off` (a window's offsets) that overlap the answer's characters, or (0, 0) when
-  the window's context does not hold all of them."""
+  """The first and last pieces of a window (offsets `off`) overlapping the answer, or (0, 0) unless it holds it all."""
   context = np.flatnonzero(off[:, 0] >= 0)
   if answer is None or not len(context):
     return 0, 0

@@ -23,9 +23,10 @@ def _finite(value) -> float | None:
     return x if np.isfinite(np.float32(x)) else None
 
 
-def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task, labelled: bool) -> list[dict]:
-  """The rows, every text and label checked (docs/finetuning.md, "Task files"), labels in one form per value (JSON's
-  1.0 is 1), regression targets floats. A column the file lacks is left to _column, which lists those it has."""
+def _file_rows(path: str, task, labelled: bool = True) -> list[dict]:
+  """The file's rows, every text and label checked (docs/finetuning.md, "Task files"), labels in one form per value
+  (JSON's 1.0 is 1), regression targets floats. A column the file lacks is left to _column, which lists its columns."""
+  columns, numbered = task_rows.parse(path)
   show = lambda v: json.dumps(v, ensure_ascii=False)
   fields = [f for f in (task.text_field, task.text_b_field) if f in columns]
   label = task.label_field if labelled and task.label_field in columns else None
@@ -65,11 +66,8 @@ def _check_rows(path: str, columns: set, numbered: list[tuple[int, dict]], task,
   return [row for _, row in numbered]
 
 
-def _file_rows(path: str, task, labelled: bool = True) -> list[dict]:
-  return _check_rows(path, *task_rows.parse(path), task, labelled)
-
-
-def _tfds_rows(task, split: str) -> list[dict]:
+def _tfds_rows(task, split: str) -> tuple[list[dict], str]:
+  """(rows, where from) of the TFDS dataset's `split`, prepared locally."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   packages.require("tensorflow", f"task.tfds_name={task.tfds_name} (TFDS reads its TFRecords with TensorFlow)")
   try:
@@ -78,7 +76,7 @@ def _tfds_rows(task, split: str) -> list[dict]:
     raise FileNotFoundError(f"TFDS {task.tfds_name}[{split}] is not prepared locally "
                             f"(tfds_data_dir={task.tfds_data_dir!r}): {str(e).splitlines()[0]}") from None
   decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
-  return [{k: decode(v) for k, v in ex.items()} for ex in tfds.as_numpy(ds)]
+  return [{k: decode(v) for k, v in ex.items()} for ex in tfds.as_numpy(ds)], f"{task.tfds_name}[{split}]"
 
 
 def load_rows(task) -> dict[str, tuple[list[dict], str]]:
@@ -87,8 +85,7 @@ def load_rows(task) -> dict[str, tuple[list[dict], str]]:
     train, evl = task_rows.split(task_rows.builtin_rows(task.name), task.eval_fraction, task.split_seed)
     return dict(train=(train, f"{task.name} (train)"), eval=(evl, f"{task.name} (eval)"))
   if task.tfds_name:
-    return {k: (_tfds_rows(task, split), f"{task.tfds_name}[{split}]")
-            for k, split in (("train", task.train_split), ("eval", task.eval_split))}
+    return {k: _tfds_rows(task, split) for k, split in (("train", task.train_split), ("eval", task.eval_split))}
   if not task.train_file:
     raise ValueError(f"no task data: set task.name to one of {', '.join(task_rows.BUILTIN_TASKS)}, task.train_file or "
                      "task.tfds_name")
@@ -110,7 +107,7 @@ def file_rows(task, read: Callable[[str], list]) -> dict[str, tuple[list, str]]:
 def test_rows(task) -> tuple[list[dict], str] | None:
   """(rows, where from) of task.test_split (TFDS) or task.test_file, or None when neither is set."""
   if task.tfds_name and task.test_split:
-    return _tfds_rows(task, task.test_split), f"{task.tfds_name}[{task.test_split}]"
+    return _tfds_rows(task, task.test_split)
   if task.test_file:
     return _file_rows(task.test_file, task, labelled=False), task.test_file
   return None
@@ -252,5 +249,4 @@ def prediction_rows(logits: np.ndarray, names: list[str] | None) -> list[dict]:
   """One JSON object per row: its index, the prediction (a label name; regression: the score) and the logits."""
   if names is None:
     return [dict(index=i, prediction=float(x[0]), score=float(x[0])) for i, x in enumerate(logits)]
-  return [dict(index=i, prediction=names[int(x.argmax())], logits=[float(v) for v in x])
-          for i, x in enumerate(logits)]
+  return [dict(index=i, prediction=names[int(x.argmax())], logits=[float(v) for v in x]) for i, x in enumerate(logits)]

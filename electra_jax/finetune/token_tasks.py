@@ -117,8 +117,7 @@ def encode(tok: tokenizer_lib.Tokenizer, rows: list[dict], names: list[str], seq
 
 
 def loss(logits, batch: dict):
-  """Mean cross-entropy over the pieces whose batch["labels"] is not IGNORE (HF's CrossEntropyLoss with
-  ignore_index=-100)."""
+  """Mean cross-entropy over the pieces not labelled IGNORE (HF's CrossEntropyLoss with ignore_index=-100)."""
   labels = batch["labels"]
   mask = labels != IGNORE
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(mask, labels, 0))
@@ -149,8 +148,7 @@ def entities(tags: list[str]) -> list[tuple[str, int, int]]:
 
 
 def compute_metrics(gold: list[list[str]], predicted: list[list[str]]) -> dict:
-  """Word accuracy, and entity precision, recall and F1 counted over the whole corpus (conlleval's micro
-  averages): an entity is right when its type and both ends are."""
+  """Word accuracy and conlleval's micro-averaged entity precision, recall and F1 (right: the type and both ends)."""
   if [len(g) for g in gold] != [len(p) for p in predicted]:
     raise ValueError("predicted tags do not line up with the gold tags: one tag per word of each row")
   right = sum(a == b for g, p in zip(gold, predicted) for a, b in zip(g, p))
