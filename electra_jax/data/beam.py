@@ -53,8 +53,7 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
   name = pretraining.ElectraPretraining.name
 
   def download_and_prepare(self, **kwargs):
-    """ElectraPretraining's, with bad data in a worker the single-host path's one-line DataError (Beam adds the
-    stage's name, or from a worker process raises a RuntimeError holding its traceback)."""
+    """ElectraPretraining's, bad data in a worker (in Beam's wrapping) the single-host path's one-line DataError."""
     try:
       super().download_and_prepare(**kwargs)
     except (corpus_lib.DataError, RuntimeError) as e:
@@ -89,15 +88,16 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
         | "Counts" >> beam.combiners.ToList()
         | "Offsets" >> beam.Map(document_offsets, corpus.max_documents, corpus.description))
     docs = parts | "Read" >> beam.FlatMap(numbered_documents, corpus, offsets)
-    train, validation = docs | "Split" >> beam.Partition(_split, 2, cfg.validation_fraction)
+    train, validation = docs | "Split" >> beam.Partition(
+        lambda doc, _, fraction: int(pretraining.is_validation(doc.index, fraction)), 2, cfg.validation_fraction)
     tok = epath.Path(cfg.tokenizer_path)
     pack = _Pack(tok.name, tok.read_bytes(), cfg.seq_len, cfg.seed)  # the tokenizer travels with the transform
     examples = {}
     for split, split_docs in (("train", train), ("validation", validation)):
       packed = split_docs | f"Pack{split}" >> beam.ParDo(pack).with_outputs("stats", main="examples")
       _ = (packed.stats
-           | f"Sum{split}" >> beam.CombineGlobally(_sum)
-           | f"Save{split}" >> beam.Map(_save, self._stats_path(split)))
+           | f"Sum{split}" >> beam.CombineGlobally(lambda st: {k: sum(s[k] for s in st) for k in pretraining.STATS})
+           | f"Save{split}" >> beam.Map(lambda st, path: path.write_text(json.dumps(st)), self._stats_path(split)))
       examples[split] = packed.examples
     return examples
 
@@ -114,8 +114,7 @@ class ElectraPretrainingBeam(pretraining.ElectraPretraining, skip_registration=T
 
 
 class _ShardWriter(pretraining.ExampleWriter):
-  """Writes a shard on a Beam worker at `path` (local or gs://; TFDS renames every file sharing its prefix), written
-  locally first, its integrity.file_record beside it (path + _RECORD)."""
+  """A shard written locally on a Beam worker, then to `path`, its integrity.file_record beside it (renamed with it)."""
 
   def write(self, path, examples):
     storage.initialize()  # gs:// through the launcher's client (and emulator, in tests), as Corpus's readers
@@ -130,14 +129,6 @@ class _ShardWriter(pretraining.ExampleWriter):
     return positions
 
 
-def _save(stats: dict[str, int], path: epath.Path):
-  path.write_text(json.dumps(stats))
-
-
-def _sum(stats: list[dict[str, int]]) -> dict[str, int]:
-  return {key: sum(s[key] for s in stats) for key in pretraining.STATS}
-
-
 def document_offsets(counts: list[tuple[int, int]], max_documents: int, description: str) -> dict[int, int]:
   """Each part's first document's corpus index, from the parts' document counts."""
   offsets, total = {}, 0
@@ -147,11 +138,6 @@ def document_offsets(counts: list[tuple[int, int]], max_documents: int, descript
   if not total:
     raise corpus_lib.DataError(f"the corpus ({description}) has no text")
   return offsets
-
-
-def _split(doc: corpus_lib.Document, num_partitions: int, validation_fraction: float) -> int:
-  del num_partitions  # 2: train, validation
-  return int(pretraining.is_validation(doc.index, validation_fraction))
 
 
 def count_documents(part: tuple[int, str], corpus: corpus_lib.Corpus) -> tuple[int, int]:

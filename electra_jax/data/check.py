@@ -36,8 +36,7 @@ def check(data_dir: str) -> Report:
 
 
 def verify(dataset: str) -> tuple[list[str], int, int]:
-  """(one line per problem, shards, examples) of a prepared dataset whose every shard is read whole: what
-  electra-check and electra-prepare --repair find."""
+  """(one line per problem, shards, examples) of a dataset read whole: what electra-check and prepare --repair find."""
   problems, shards, examples = [], 0, 0
   recorded = prepared.metadata(dataset).get("stats", {})
   for split in SPLITS:

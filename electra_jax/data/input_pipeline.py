@@ -1,6 +1,7 @@
 """Per-host input: this host's rows of each global batch of the prepared dataset, read by index without TensorFlow,
 and `to_global`, where host numpy becomes global jax arrays (docs/data.md, "The input pipeline and exact resume")."""
 import collections
+import collections.abc
 import concurrent.futures
 import contextlib
 import functools
@@ -28,8 +29,7 @@ FEATURES = ("input_ids", "segment_ids")
 
 
 class Reader:
-  """Examples of one split by index, a batch at a time. A shard is opened when first read; a gs:// one is fetched
-  then into a local copy (ArrayRecord's reader takes local paths only)."""
+  """Examples of one split by index; a shard is opened when first read (a gs:// one fetched then to a local copy)."""
 
   def __init__(self, dataset_dir: str, split: str = "train", fail_fast: bool = True):
     """fail_fast: raise integrity.Damaged for the first shard of a size other than recorded; else `size_problems`."""
@@ -42,10 +42,8 @@ class Reader:
           self._copy.fetch(name)
     builder = tfds.builder_from_directory(self._copy.path if self._copy else dataset_dir)
     info = builder.info.splits[split]
-    self.split = split
+    self.split, self.num_examples, self.shard_lengths = split, info.num_examples, list(info.shard_lengths)
     self.seq_len = builder.info.features["input_ids"].shape[0]
-    self.num_examples = info.num_examples
-    self.shard_lengths = list(info.shard_lengths)
     self._dir, self._files = builder.data_dir, list(info.filenames)
     # What electra-prepare wrote (metadata.json): a shard of another size is refused before the first step.
     self.expected = json.loads((epath.Path(builder.data_dir) / "metadata.json").read_text()).get("files", {})
@@ -86,8 +84,7 @@ class Reader:
       return self._shards[s]
 
   def _damaged(self, s: int, what) -> integrity.Damaged:
-    """The one-line error for shard `s`, saying what broke the read; this host's copy of a gs:// shard is deleted, so
-    that a rerun fetches it."""
+    """The one-line error for shard `s` saying what broke the read; a gs:// shard's local copy is deleted."""
     try:
       size = os.path.getsize(self.path(self._files[s]))
     except OSError:
@@ -128,8 +125,7 @@ class Reader:
       raise self._unparsable(records, shards) or e
 
   def parse(self, records: list[bytes]) -> dict[str, np.ndarray]:
-    """The examples `records`, decoded with numpy where they are laid out as electra-prepare writes them, else
-    parsed with protobuf (said once, with the remedy; protobuf parses this dataset's records from then on)."""
+    """`records` decoded by numpy where laid out as electra-prepare writes them, else by protobuf (said once)."""
     if self._decode and (batch := self._decode(records)) is not None:
       return batch
     batch = records_lib.parse(records, FEATURES, self.seq_len)
@@ -142,8 +138,7 @@ class Reader:
     return batch
 
   def _unparsable(self, records: list[bytes], shards: np.ndarray) -> integrity.Damaged | None:
-    """The error for the first of `records` that is not one of this dataset's examples (ArrayRecord reads a shard cut
-    short after it was opened as empty records)."""
+    """The error for the first record that is not one of this dataset's examples (a shard cut short once opened)."""
     for s, record in zip(shards, records):
       try:
         feature = tf_example_generated_pb2.Example.FromString(record).features.feature
@@ -157,7 +152,7 @@ class Reader:
     return None
 
 
-class TrainIterator:
+class TrainIterator(collections.abc.Iterator):
   """Endless per-host batches of int32 [batch_size / process_count, seq_len]. Global batch b is a pure function of
   (seed, b), drawn from gcd(shards, batch size) lanes of consecutive shards (docs/data.md), whatever the host count:
   the state is {"step": b}; host i of n reads rows [i·B/n, (i+1)·B/n)."""
@@ -207,9 +202,6 @@ class TrainIterator:
       where = (epochs == epoch) & (self._lane == lane)
       indices[where] = self._lanes[lane][0] + self._permutation(epoch, lane)[offsets[where]]
     return self._reader.read(indices)
-
-  def __iter__(self):
-    return self
 
   def __next__(self) -> dict[str, np.ndarray]:
     batch = self._pending.pop(0).result()
@@ -267,8 +259,7 @@ def resume_position(extra: dict, batch_size: int, step: int) -> dict:
 
 
 def validation_batches(config, prepared, process_index: int | None = None, process_count: int | None = None,
-                       num_batches: int | None = None, reader: Reader | None = None
-                       ) -> Iterator[dict[str, np.ndarray]]:
+                       num_batches: int | None = None, reader: Reader | None = None) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default
   train.eval_batches; 0 = all full batches), the same number on every host. `reader`: one kept open across calls."""
   index, count = _hosts(process_index, process_count)
@@ -281,7 +272,7 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
     yield reader.read(np.arange(start, start + per_host))
 
 
-class OnDevice:
+class OnDevice(collections.abc.Iterator):
   """The next `depth` batches placed on the devices ahead by one thread, `steps` stacked a time (a dispatch's);
   get_state() is `batches`' position after the last one handed out. stable: each in the same device buffers (a GPU
   command buffer finds its input where it was), the one before deleted."""
@@ -300,9 +291,6 @@ class OnDevice:
   def _place(self):
     batch = next(self._batches) if self._steps == 1 else stack([next(self._batches) for _ in range(self._steps)])
     return to_global(batch, self._sharding), self._position()
-
-  def __iter__(self):
-    return self
 
   def __next__(self) -> dict[str, jax.Array]:
     batch, self._state = self._pending.popleft().result()

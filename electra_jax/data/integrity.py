@@ -17,8 +17,7 @@ class Damaged(OSError):
 
 
 def damaged(shard: str, dataset: str, what: str, local_copy: str | None = None) -> Damaged:
-  """The error naming `shard` of `dataset`, what is wrong and what to do. `local_copy`: the host's (deleted) copy of a
-  gs:// shard that was read."""
+  """The error naming `shard` of `dataset`, what is wrong and the remedy; `local_copy`: a gs:// shard's deleted copy."""
   if local_copy:
     return Damaged(f"the local copy {local_copy} of shard {shard} of the prepared dataset {dataset} is damaged "
                    f"({what}): it was deleted; run the same command again to fetch it anew (if it fails again, the "

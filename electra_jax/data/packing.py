@@ -104,8 +104,7 @@ def pack_documents(docs: Iterable[corpus_lib.Document], tokenizer_path: str, seq
     for task in tasks:
       yield from _pack(task)
     return
-  # spawn, not fork: the parent has TensorFlow's threads running. An executor, not a Pool: a worker that dies raises
-  # BrokenProcessPool instead of hanging.
+  # spawn, not fork: TensorFlow's threads run in the parent; an executor, not a Pool: a dead worker raises, not hangs.
   with concurrent.futures.ProcessPoolExecutor(num_workers, multiprocessing.get_context("spawn"), _init_worker,
                                               (tokenizer_path, seq_len, seed)) as pool:
     pending = collections.deque()

@@ -29,8 +29,7 @@ class PretrainingConfig(tfds.core.BuilderConfig):
   validation_fraction: float = 0.01
   seed: int = 0
   num_workers: int = 0
-  # Written into the dataset's metadata.json; prepare compares it to detect stale data.
-  identity: dict | None = None
+  identity: dict | None = None  # into metadata.json: prepare compares it to detect stale data
   settings: dict | None = None  # the data.* keys that made it (metadata.json): commands find it from data_dir alone
 
 
@@ -88,8 +87,7 @@ class DownloadConfig(tfds.download.DownloadConfig):
 
 
 class ExampleWriter(tfds.core.ExampleWriter):
-  """TFDS's shard writer, each example's features in a fixed order (protobuf's map order changes from process to
-  process): a rebuilt dataset has the same bytes."""
+  """TFDS's shard writer, features in a fixed order (protobuf's map order varies by process): rebuilt bytes match."""
 
   def write(self, path, examples):
     return super().write(path, ((key, records.canonical(example)) for key, example in examples))
@@ -114,7 +112,6 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
 
   def _download_and_prepare(self, dl_manager, download_config=None):
     super()._download_and_prepare(dl_manager, download_config)
-    # The finished shards' sizes and CRC-32s, into metadata.json: readers find a copy that differs.
     self.info.metadata.update(files=self._integrity())
 
   def _integrity(self) -> dict:
@@ -126,13 +123,9 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     seq = (self.builder_config.seq_len,)
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            "input_ids": tfds.features.Tensor(shape=seq, dtype=np.int32),
-            "segment_ids": tfds.features.Tensor(shape=seq, dtype=np.int32),
-        }),
-        metadata=tfds.core.MetadataDict(),
-    )
+    features = {k: tfds.features.Tensor(shape=seq, dtype=np.int32) for k in ("input_ids", "segment_ids")}
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict(features),
+                                          metadata=tfds.core.MetadataDict())
 
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing is downloaded

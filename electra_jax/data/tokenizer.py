@@ -59,9 +59,7 @@ class Tokenizer:
     self._sp = None
 
   def encode(self, text: str) -> list[int]:
-    if self._sp is not None:
-      return self._sp.encode(text)
-    return self.wordpiece.encode(text, add_special_tokens=False).ids
+    return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     if self._sp is not None:
@@ -81,15 +79,8 @@ class Tokenizer:
         char_at = np.cumsum([0] + [len(c.encode("utf-8")) for c in text])  # byte offset of each character
         spans = np.searchsorted(char_at, [(p.begin, p.end) for p in pieces]).reshape(-1, 2)
         encoded.append(([p.id for p in pieces], spans.tolist()))
-    out = []
-    for text, (ids, spans) in zip(texts, encoded):
-      trimmed = []
-      for begin, end in spans:
-        while begin < end and text[begin].isspace():
-          begin += 1
-        trimmed.append((begin, end))
-      out.append((list(ids), trimmed))
-    return out
+    return [(list(ids), [(end - len(text[begin:end].lstrip()), end) for begin, end in spans])  # leading space cut
+            for text, (ids, spans) in zip(texts, encoded)]
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
@@ -133,21 +124,12 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
       yield s
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=counted(),
-        model_writer=model,
-        model_type="unigram",
-        vocab_size=vocab_size,
-        pad_id=0, pad_piece=SPECIAL_TOKENS.pad,
-        unk_id=1, unk_piece=SPECIAL_TOKENS.unk,
-        bos_id=-1, eos_id=-1,
+        sentence_iterator=counted(), model_writer=model, model_type="unigram", vocab_size=vocab_size,
+        pad_id=0, pad_piece=SPECIAL_TOKENS.pad, unk_id=1, unk_piece=SPECIAL_TOKENS.unk, bos_id=-1, eos_id=-1,
         control_symbols=[SPECIAL_TOKENS.cls, SPECIAL_TOKENS.sep, SPECIAL_TOKENS.mask],  # ids 2, 3, 4
         byte_fallback=True,  # no [UNK] for rare characters, so decoding gives the text back
-        input_sentence_size=max_sentences,
-        max_sentence_length=MAX_SENTENCE_BYTES,
-        shuffle_input_sentence=True,
-        num_threads=num_threads or os.cpu_count(),
-        minloglevel=2,
-    )
+        input_sentence_size=max_sentences, max_sentence_length=MAX_SENTENCE_BYTES, shuffle_input_sentence=True,
+        num_threads=num_threads or os.cpu_count(), minloglevel=2)
   except RuntimeError as e:  # SentencePiece's C++ checks; its message, less their source location and condition
     if counts["sentences"] and counts["too_long"] == counts["sentences"]:
       raise ValueError(f"every line of {source} is longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes per "
