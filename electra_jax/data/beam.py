@@ -30,8 +30,7 @@ def options(text: str, data) -> pipeline_options.PipelineOptions:
   flags = [f"--{item.strip()}" for item in text.split(",") if item.strip()]
   parsed = pipeline_options.PipelineOptions(flags)
   known = parsed.get_all_options(retain_unknown_options=False)
-  unknown = [f[2:] for f in flags if f[2:].split("=")[0] not in known]
-  if unknown:
+  if unknown := [f[2:] for f in flags if f[2:].split("=")[0] not in known]:
     raise ValueError(f"--beam_pipeline_options: Beam has no option {', '.join(unknown)}")
   runner = parsed.view_as(pipeline_options.StandardOptions).runner or "DirectRunner"
   try:

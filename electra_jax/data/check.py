@@ -56,8 +56,7 @@ def verify(dataset: str) -> tuple[list[str], int, int]:
 
 def _tokenizer_problems(data_dir: str, dataset: str, meta: dict) -> list[str]:
   """The tokenizer the commands would pair with `dataset` against the SHA-256 that electra-prepare recorded."""
-  settings = meta.get("settings")
-  if settings is None:
+  if (settings := meta.get("settings")) is None:
     return []  # prepared before datasets recorded their settings: the run names its tokenizer
   config = ml_collections.ConfigDict({"data": dict(settings, data_dir=data_dir)})
   path = prepared.tokenizer_path(config)

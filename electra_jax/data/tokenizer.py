@@ -48,8 +48,7 @@ class Tokenizer:
     from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
 
     vocab = {tok: i for i, tok in enumerate(data.decode("utf-8").splitlines())}
-    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
-    if missing:
+    if missing := [t for t in SPECIAL_TOKENS if t not in vocab]:
       raise ValueError(f"{self.path}: WordPiece vocab lacks {missing}")
     # Google's vocab files are uncased unless their name says otherwise.
     lowercase = "uncased" in self.path or "cased" not in self.path
@@ -136,8 +135,7 @@ def train_sentencepiece(sentences: Iterable[str], path: str, vocab_size: int, ma
                        "sentence (max_sentence_length), so none is left to train a tokenizer on: break the text into "
                        "shorter lines (data.split_sentences cuts them only at sentence ends)") from e
     reason = re.sub(r"^[A-Z_]+: \S+\(\d+\) \[[^\]]*\]\s*", "", str(e)) or str(e)
-    most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", reason)
-    if most:
+    if most := re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", reason):
       raise ValueError(f"data.vocab_size={vocab_size} is too large for {source}: SentencePiece can make "
                        f"at most {most[1]} pieces of it; set --config.data.vocab_size={most[1]} or less, or give it "
                        "more text") from e

@@ -44,8 +44,7 @@ def main(config, workdir, seeds, learning_rates):
   from electra_jax.finetune import protocol  # pylint: disable=g-import-not-at-top
   from electra_jax.runtime import startup
   startup.initialize(config.train.peer_timeout_s)
-  results = protocol.run(config, workdir, seeds, rates)
-  if results is not None:
+  if (results := protocol.run(config, workdir, seeds, rates)) is not None:
     logging.info("%s", json.dumps(results))
 
 

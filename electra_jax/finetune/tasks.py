@@ -191,15 +191,13 @@ def make_examples(task, tok, seq_len: int):
       if names is None:
         names = sorted({str(l) for l in raw}, key=label_sort_key)
       index = {n: i for i, n in enumerate(names)}
-      unseen = sorted({str(l) for l in raw} - set(index))
-      if unseen:
+      if unseen := sorted({str(l) for l in raw} - set(index)):
         raise ValueError(f"{where}: label(s) {', '.join(unseen[:5])} do not occur in the training data")
       labels = np.asarray([index[str(l)] for l in raw], np.int32)
     out.append(Examples(ids, seg, labels))
   if names is not None and len(names) < 2:
     raise ValueError(f"{task.train_file or task.name}: the training data has a single label ({names[0]})")
-  test = test_rows(task)
-  if test is not None:
+  if (test := test_rows(task)) is not None:
     ids, seg = _encode_rows(task, tok, seq_len, *test)
     test = Examples(ids, seg, np.zeros(len(ids), out[0].labels.dtype))  # unlabelled: never scored
   return out[0], out[1], test, names

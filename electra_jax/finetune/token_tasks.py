@@ -92,8 +92,7 @@ def encode(tok: tokenizer_lib.Tokenizer, rows: list[dict], names: list[str], seq
   belongs to the word its text starts in (a lone "▁" before a word to that word). Rows longer than seq_len lose
   whole words from the end. Unlabelled rows (tags None) get IGNORE everywhere."""
   index = {n: i for i, n in enumerate(names)}
-  unseen = sorted({t for r in rows if r["tags"] is not None for t in r["tags"]} - set(index))
-  if unseen:
+  if unseen := sorted({t for r in rows if r["tags"] is not None for t in r["tags"]} - set(index)):
     raise ValueError(f"{where}: tag(s) {', '.join(unseen[:5])} do not occur in the training data")
   s = tok.special_ids
   ids = np.full((len(rows), seq_len), s.pad, np.int32)
