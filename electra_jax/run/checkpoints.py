@@ -45,8 +45,7 @@ class CorruptCheckpointError(ValueError):
 
 
 class OtherModelError(ValueError):
-  """A checkpoint of another model than the run builds: at `name` its array is `saved`, the run's `wanted` (a shape or
-  None); `saved_config` is the config it was written with."""
+  """A checkpoint of another model: at `name` its array is `saved`, the run's `wanted` (a shape or None)."""
 
   def __init__(self, where: str, name: str, saved, wanted, saved_config: dict | None = None):
     super().__init__(f"{where} holds a model of other shapes than this config builds (e.g. {name}: {saved} saved, "
@@ -56,8 +55,7 @@ class OtherModelError(ValueError):
 
 
 class Checkpointer:
-  """Saves every train.checkpoint_every steps (asynchronously), keeps the last train.keep_checkpoints; every process
-  must call save and close (Orbax coordinates the hosts)."""
+  """Saves asynchronously, keeps the last train.keep_checkpoints; every process must call save and close."""
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, tokenizer_path: str | None = None,
                read_only: bool = False):
@@ -89,9 +87,8 @@ class Checkpointer:
       return ocp.CheckpointManager(
           self.directory, options=self._options,
           # PyTree's handler (Standard's is a strict wrapper of it) restores a part of the state: init_from's params.
-          item_handlers=dict(state=ocp.PyTreeCheckpointHandler(), data=ocp.JsonCheckpointHandler(),
-                             rng=ocp.JsonCheckpointHandler(), config=ocp.JsonCheckpointHandler(),
-                             checksums=ocp.JsonCheckpointHandler()))
+          item_handlers=dict(state=ocp.PyTreeCheckpointHandler(),
+                             **{k: ocp.JsonCheckpointHandler() for k in ("data", "rng", "config", "checksums")}))
 
   def latest_step(self):
     return self._manager.latest_step()
@@ -117,8 +114,7 @@ class Checkpointer:
 
   def save(self, step: int, state, extra: dict | None = None, force: bool = False,
            rng: jax.Array | None = None) -> bool:
-    """Starts saving in the background (a failed earlier save raises here); True if this step is being saved.
-    `extra`: the loop's JSON payload, given back by restore."""
+    """Starts saving (a failed earlier save raises here); `extra`: the loop's JSON payload, given back by restore."""
     if not (force or self._manager.should_save(step)):
       return False
     data = dict(extra or {}, **{TOKENIZER_KEY: self._tokenizer})
@@ -142,8 +138,7 @@ class Checkpointer:
     return saved
 
   def _retry(self, e: Exception) -> bool:
-    """Whether to save again after the failed save `e` (readied if so): on gs://, a single-process run waits for the
-    store and opens a new manager, RETRIES times in a row at most; several processes would have to agree on it."""
+    """Whether to save again after the failed save `e` (readied): on gs://, single-process, RETRIES in a row at most."""
     if not storage.is_remote(self.directory) or jax.process_count() > 1 or self._retries >= RETRIES:
       return False
     self._retries += 1
@@ -158,10 +153,8 @@ class Checkpointer:
     return True
 
   def restore(self, abstract_state=None, step: int | None = None, set_aside_corrupt: bool = False) -> Restored:
-    """The checkpoint at `step` (default: the newest intact one; newer corrupt ones warned of, renamed <step>.corrupt
-    if `set_aside_corrupt`), placed with `abstract_state`'s shardings (a dict: that part only; None: whole on every
-    device), checked against its checksums. A one-line ValueError when none is intact or fits; FileNotFoundError when
-    there is none."""
+    """The checkpoint at `step` (default: the newest intact one; newer corrupt ones set aside if `set_aside_corrupt`),
+    placed with `abstract_state`'s shardings (a dict: that part; None: whole on every device), or a one-line error."""
     if step is not None:
       return self._restore(abstract_state, step)
     if not self._manager.all_steps():
@@ -288,9 +281,9 @@ class Checkpointer:
 
 
 def check_model(where: str, saved_tree, wanted_tree, saved_config: dict | None = None):
-  """An OtherModelError naming an array whose shape differs; a ValueError naming train.flat_update (or mesh.fsdp)
-  where only the optimiser state's layout differs."""
-  saved, wanted = _shapes(saved_tree), _shapes(wanted_tree)
+  """An OtherModelError naming an array whose shape differs, or a ValueError where only the optimiser's layout does."""
+  shapes = lambda tree: {name: tuple(v.shape) for name, v in _named_leaves(tree)}
+  saved, wanted = shapes(saved_tree), shapes(wanted_tree)
   if saved != wanted:
     differ = sorted(set(saved.items()) ^ set(wanted.items()))
     if all(name.startswith("opt_state.") for name, _ in differ):  # the same model, another optimiser layout
@@ -351,10 +344,6 @@ def _named_leaves(tree):
           for k, v in jax.tree_util.tree_leaves_with_path(tree))
 
 
-def _shapes(tree) -> dict:
-  return {name: tuple(v.shape) for name, v in _named_leaves(tree)}
-
-
 def _flat_rows(shapes: dict) -> int | None:
   """The mesh.fsdp a flat optimiser state was laid out for (its matrix's rows, else 1), or None for one per weight."""
   moments = [shape for name, shape in shapes.items() if name.startswith("opt_state.")]
@@ -396,9 +385,7 @@ def compile_checks(abstract_state):
   _all_finite.compile([x for _, x in _named_leaves(abstract_state) if jnp.issubdtype(x.dtype, jnp.inexact)])
 
 
-@_Ahead
-def _sums(leaves):
-  return [_sum32(x) for x in leaves]
+_sums = _Ahead(lambda leaves: [_sum32(x) for x in leaves])
 
 
 def _sum32(x: jax.Array) -> jax.Array:
@@ -420,9 +407,7 @@ def non_finite(tree) -> list[str]:
   return [name for (name, _), finite in zip(named, flags) if not finite]
 
 
-@_Ahead
-def _all_finite(leaves):
-  return [jnp.isfinite(x).all() for x in leaves]
+_all_finite = _Ahead(lambda leaves: [jnp.isfinite(x).all() for x in leaves])
 
 
 def _crc32s(tree) -> dict:
@@ -432,8 +417,7 @@ def _crc32s(tree) -> dict:
 
 
 def latest_step(workdir: str) -> int | None:
-  """The newest complete step under workdir/checkpoints, or None, read without a CheckpointManager (whose thread can
-  print a traceback at an error exit)."""
+  """The newest complete step under workdir/checkpoints, or None (no CheckpointManager: its thread may print)."""
   return max(ocp.path.step.checkpoint_steps(epath.Path(storage.absolute(workdir)) / "checkpoints"), default=None)
 
 

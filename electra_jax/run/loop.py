@@ -27,9 +27,8 @@ SPIKE_WINDOW = 100  # the recent losses whose median a loss spike is measured ag
 
 
 class Guard:
-  """Stops the run in one line (FloatingPointError) at train.max_bad_steps steps not applied in a row or at non-finite
-  weights before a save, and warns of (train.stop_on_spike: stops at) a loss above train.spike_factor times the recent
-  median. Nothing is saved after the step that stops the run: every checkpoint holds a state checked finite."""
+  """Stops the run in one line (FloatingPointError) at train.max_bad_steps non-finite steps in a row or non-finite
+  weights before a save, and warns of (train.stop_on_spike: stops at) loss spikes; every checkpoint is finite."""
 
   def __init__(self, ckpt: checkpoints.Checkpointer, max_bad_steps: int, spike_factor: float = 0.0,
                stop_on_spike: bool = False):
@@ -59,8 +58,7 @@ class Guard:
       logging.warning("%s", spike)
 
   def check_state(self, step: int, bad: list[str]):
-    """`bad`: the arrays of step `step`'s state that hold a NaN or Inf, before it is saved (a finite update can still
-    overflow the weights)."""
+    """`bad`: the non-finite arrays of step `step`'s state, before it is saved (a finite update may overflow)."""
     if bad:
       raise FloatingPointError(self._stopped(
           f"the state after step {step} is not finite (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): an update at or "
@@ -82,9 +80,8 @@ class Guard:
 
 
 class Watcher:
-  """SIGTERM (a preemption notice) or SIGINT ends the run after the current step, which `run` saves; `reached(step)` is
-  True at that step. With several processes JAX's preemption service owns SIGTERM (Ctrl-C goes through it) and stops
-  every host at the same step. A second signal while stopping is ignored: it would break off the save."""
+  """SIGTERM or SIGINT ends the run after the current step, which `run` saves (`reached(step)`); with several
+  processes through JAX's preemption service, at the same step. A second signal is ignored: it would break the save."""
 
   def __init__(self):
     self.signal = None
@@ -124,8 +121,7 @@ class Watcher:
 
 
 class Profile:
-  """A jax.profiler trace of `count` steps from step `start` into `log_dir` (TensorBoard's profile plugin), in whole
-  dispatches."""
+  """A jax.profiler trace of `count` steps from step `start` into `log_dir`, in whole dispatches."""
 
   def __init__(self, log_dir: str, start: int, count: int):
     self.log_dir, self.start, self.end = log_dir, start, start + count - 1
@@ -137,12 +133,9 @@ class Profile:
     if not self.traced and self.start <= step and self.end >= self.start:
       jax.profiler.start_trace(self.log_dir, create_perfetto_trace=True)  # Perfetto's too: trace_top.py reads it
       self.active = self.traced = True
-    if not self.active:
+    with jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext():
       yield
-      return
-    with jax.profiler.StepTraceAnnotation("train", step_num=step):
-      yield
-    if step >= self.end:
+    if self.active and step >= self.end:
       jax.block_until_ready(state())
       self.stop()
       logging.info("Profiled steps %d-%d into %s (TensorBoard's profile tab)", self.start, self.end, self.log_dir)
@@ -154,8 +147,7 @@ class Profile:
 
 
 class InFlight:
-  """The dispatches whose metrics are still on the device, read two dispatches late so that the next ones are queued
-  meanwhile; the guard sees every step of a dispatch's stacked metrics."""
+  """The dispatches whose metrics are still on the device, read two dispatches late (the next ones queued meanwhile)."""
 
   def __init__(self, guard: Guard):
     self._guard = guard
@@ -195,8 +187,8 @@ class Body(Protocol):
 
   def after_step(self, step: int, state: TrainState | None, step_metrics: dict | None, losses: list[float],
                  log_now: bool, eval_now: bool, writer: metrics_lib.Writer) -> dict | None:
-    """Logs and evaluates as the step asks (`losses`: the applied steps' since the last call; `step_metrics`: floats or
-    None). A log step's call comes a dispatch or two late, with `state` None. Returns the progress bar's postfix."""
+    """Logs and evaluates as the step asks (a log step's call a dispatch or two late, with `state` None); returns the
+    progress bar's postfix. `losses`: the applied steps' since the last call."""
 
   def extra(self) -> dict:
     """What a checkpoint carries besides the state and rng (JSON) for the loop to resume."""
@@ -240,9 +232,8 @@ def _compile(targets: Callable[[], list], name: str):
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settings: Settings, *, desc: str,
         ckpt: checkpoints.Checkpointer, lock: workdir_lib.Lock, writer: metrics_lib.Writer, clock: goodput.Clock,
         closers: Sequence[Callable[[], object]], done: Callable[[], bool] = lambda: False) -> tuple[TrainState, bool]:
-  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` (steps_per_dispatch steps a call) to
-  num_steps: logs, evaluates and saves on their cadences and at the end, saves when a signal stops the run, guards
-  (Guard), ends early once `done()`; times phases on `clock`, profiles, watches the other processes (peers.py) and
+  """Steps `state` with `step_fn(state, batch, rng) -> (state, metrics)` to num_steps, or until `done()` or a signal:
+  logs, evaluates and saves on their cadences and at the end, guarded, timed on `clock`, watching the other processes;
   closes everything however it ends. Returns (state, whether a signal stopped it)."""
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   s, num_steps = settings, settings.num_steps
@@ -309,8 +300,7 @@ def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settin
 
 
 def collect(started: bool, scheduled: bool):
-  """Python's garbage collector on the loop's schedule (a pass mid-step stalls the next dispatch): frozen and off
-  after the first step; a log step collects."""
+  """Python's garbage collector off after the first step (a pass mid-step stalls a dispatch); a log step collects."""
   if started:
     gc.collect()
     gc.freeze()

@@ -7,6 +7,7 @@ import queue
 import sys
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -16,8 +17,7 @@ from electra_jax.runtime import storage
 
 
 def _import_tensorboardx():
-  """tensorboardX's writers and protos, imported with torch held off (it would import torch only to accept its tensors,
-  slowing every command's start)."""
+  """tensorboardX's writers and protos, imported with torch held off (slow to import, and only for its tensors)."""
   hold = "torch" not in sys.modules
   if hold:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
@@ -44,9 +44,8 @@ def _jsonable(v):
 
 
 class Writer:
-  """Appends to <workdir>/metrics.jsonl and <workdir>/tensorboard on process 0, from a thread: `write` queues; the
-  thread's first error is raised by the next `write` or by `close`. Opened at `start_step`, it drops what a killed run
-  logged past it."""
+  """Appends to <workdir>/metrics.jsonl and tensorboard/ on process 0 from a thread, whose first error the next
+  `write` or `close` raises; opened at `start_step`, it drops what a killed run logged past it."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.active = jax.process_index() == 0
@@ -107,9 +106,8 @@ class Writer:
 
 
 class RemoteLog:
-  """A file on gs:// that grows by appends: each flush uploads what is new as an object beside it and Cloud Storage
-  composes the two, so the traffic grows with the run, not its square; every MAX_PARTS appends (an object holds at
-  most 1,024 parts) the file is uploaded whole."""
+  """A file on gs:// that grows by appends composed by Cloud Storage, uploaded whole every MAX_PARTS appends
+  (docs/launch.md, "Cloud Storage")."""
   MAX_PARTS = 512
 
   def __init__(self, path, binary: bool = False):
@@ -141,18 +139,9 @@ class RemoteLog:
   close = flush
 
 
-class _RemoteEvents:
-  """tensorboardX's writer factory for gs:// event files: RemoteLog, not its GCS writer, which uploads the whole file
-  at every flush and ignores the storage emulator."""
-
-  def open(self, path):
-    return RemoteLog(path, binary=True)
-
-  def directory_check(self, path):
-    del path  # a bucket has no directories to make
-
-
-record_writer.register_writer_factory("gs", _RemoteEvents())
+# tensorboardX's gs:// event files through RemoteLog, not its GCS writer (docs/launch.md); a bucket has no directories.
+record_writer.register_writer_factory("gs", types.SimpleNamespace(open=lambda path: RemoteLog(path, binary=True),
+                                                                  directory_check=lambda path: None))
 
 
 def _rewind(path: epath.Path, step: int):

@@ -1,6 +1,5 @@
-"""What a weights source is (a pre-training workdir, a params export or an HF ELECTRA directory), told from its files
-alone, so that electra-prepare finds init_from's tokenizer without the model stack (weights.py loads them).
-`init_source` is the one place that decides which tokenizer a pre-training run uses."""
+"""What a weights source is (a pre-training workdir, a params export or an HF directory), told from its files alone so
+that electra-prepare finds its tokenizer without the model stack; `init_source` decides a pre-training run's."""
 import copy
 import dataclasses
 import json
@@ -48,38 +47,32 @@ class Source:
   tokenizer: str  # the tokenizer file its weights were trained with
   generator: str = ""  # an HF discriminator's generator, kept in a directory apart (Google's releases)
   config: ml_collections.ConfigDict | None = None  # a workdir's or params export's config.json (HF: None)
-  # (path, what it is) of everything loading it reads, for storage.refuse_overlap (not a whole workdir: an export
-  # inside it is fine).
+  # (path, what it is) of everything loading it reads, for storage.refuse_overlap (an export may lie in a workdir).
   inputs: tuple[tuple[str, str], ...] = ()
 
 
 def resolve(path: str, generator: str = "") -> Source:
-  """The source at `path` (`generator`: an HF discriminator's generator directory); a one-line error where it is none
-  or a generator goes with another kind."""
+  """The source at `path` (`generator`: an HF discriminator's generator directory), or a one-line error."""
   what = kind(path)
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
-  if what == "hf":
-    config, tokenizer_file = None, hf_tokenizer_file(path)
-  else:  # the tokenizer its config.json names
-    config = workdir_lib.load_config(path)
-    tokenizer_file = prepared.tokenizer_path(config)
-  path, tokenizer_file = storage.absolute(path), storage.absolute(tokenizer_file)
-  if what == "hf":
-    inputs = [(path, "the HF directory to load")]
+  config = None if what == "hf" else workdir_lib.load_config(path)  # which names the tokenizer
+  tokenizer_file = storage.absolute(hf_tokenizer_file(path) if what == "hf" else prepared.tokenizer_path(config))
+  path = storage.absolute(path)
+  if what == "workdir":
+    inputs = [(os.path.join(path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
   else:
-    inputs = [(path, "the params to load")] if what == "params" else [
-        (os.path.join(path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
+    inputs = [(path, "the HF directory to load" if what == "hf" else "the params to load")]
+  if what != "hf":
     inputs.append((tokenizer_file, "its tokenizer"))
   return Source(path, what, tokenizer_file, generator, config, tuple(inputs))
 
 
 def init_source(config: ml_collections.ConfigDict, resuming: bool = False
                 ) -> tuple[ml_collections.ConfigDict, Source | None]:
-  """train.init_from (with init_from_generator) as a Source, or None, and `config` with data.tokenizer set to its
-  tokenizer where it names none (data.data_dir absolute): continued pre-training keeps its weights' vocabulary, and
-  electra-prepare and electra-pretrain agree on it. A resuming run only takes the tokenizer, where it names none.
-  One-line errors for init_from_state without an optimiser state, and for a tokenizer other than data.tokenizer."""
+  """train.init_from as a Source (or None), and `config` with data.data_dir absolute and data.tokenizer set to its
+  tokenizer where it names none (electra-prepare and electra-pretrain agree on it; a resuming run takes only that).
+  One-line errors for an init_from_state without an optimiser state, and for a tokenizer other than data.tokenizer."""
   train, data = config.train, config.data
   if train.init_from_state and not train.init_from and not resuming:
     raise ValueError("train.init_from_state needs train.init_from: the pre-training workdir whose optimiser state and "
@@ -88,10 +81,9 @@ def init_source(config: ml_collections.ConfigDict, resuming: bool = False
   if train.init_from and not (resuming and data.tokenizer):
     init = resolve(train.init_from, train.init_from_generator)
     if not resuming and train.init_from_state and init.kind != "workdir":
-      raise ValueError(f"train.init_from_state: {init.path} is "
-                       f"{'an HF directory' if init.kind == 'hf' else 'a params export'}, which holds no optimiser "
-                       "state: name a pre-training workdir, or drop init_from_state to start from its weights with a "
-                       "fresh optimiser")
+      what = "an HF directory" if init.kind == "hf" else "a params export"
+      raise ValueError(f"train.init_from_state: {init.path} is {what}, which holds no optimiser state: name a "
+                       "pre-training workdir, or drop init_from_state to start from its weights with a fresh optimiser")
     if not resuming and data.tokenizer and (prepared.fingerprint(data.tokenizer) !=
                                             prepared.fingerprint(init.tokenizer)):
       raise ValueError(f"train.init_from={init.path}: its tokenizer is not data.tokenizer={data.tokenizer}: drop "

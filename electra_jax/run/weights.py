@@ -1,6 +1,5 @@
-"""Where weights come from: the one reader of a sources.Source into (config, params, tokenizer), for export,
-fine-tuning and train.init_from (and a workdir's whole state for init_from_state), and the params-only export
-(config.json + params/, an Orbax checkpoint of the parameters). A new weight format is one more branch in `read`."""
+"""Where weights come from: the one reader of a sources.Source (a new format is one more branch in `read`), for
+export, fine-tuning and train.init_from, and the params-only export (config.json + params/, an Orbax checkpoint)."""
 import os
 from typing import Any, NamedTuple
 
@@ -26,9 +25,8 @@ def load(source: str, step: int | None = None, with_params: bool = True, generat
 
 
 def read(source: sources.Source, step: int | None = None, with_params: bool = True, target=None) -> Weights:
-  """The weights `source` holds (a workdir's checkpoint at `step`, default the latest intact one), placed with
-  `target`'s shardings, which they must fit (checkpoints.OtherModelError); default: whole on every device, HF weights
-  as host arrays. with_params=False: the architecture and tokenizer only. Non-finite weights are refused in one line."""
+  """The weights `source` holds (a workdir's at `step`, default the latest intact), placed per `target`, which they must
+  fit (default: whole on every device; HF: host arrays); with_params=False: no params. Non-finite weights: an error."""
   config, params = source.config, None
   if source.kind == "hf":
     config, params = hf_directory.import_hf(source.path, source.tokenizer, source.generator or None)
@@ -70,8 +68,7 @@ def start_state(source: sources.Source | None, sharded: sharding.Sharded, seed: 
 
 
 def export_params(workdir: str, out_dir: str, step: int | None = None, overwrite: bool = False) -> str:
-  """The parameters of `workdir`'s checkpoint at `step` (default: the latest) as config.json and params/ in `out_dir`,
-  all or nothing. Run it on one host."""
+  """`workdir`'s parameters at `step` as config.json and params/ in `out_dir`, all or nothing, on one host."""
   source = sources.resolve(workdir)
   storage.refuse_overlap(out_dir, source.inputs, "out_dir")
   storage.refuse_existing(out_dir, overwrite, "pass overwrite=True to replace it")
