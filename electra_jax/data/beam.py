@@ -165,10 +165,9 @@ class _Pack(beam.DoFn):
   def setup(self):
     # Tokenizer reads a file, whose name says what it is (a .model, a cased or uncased vocab.txt).
     self._dir = tempfile.mkdtemp()
-    name, data = self._tokenizer
-    with open(os.path.join(self._dir, name), "wb") as f:
-      f.write(data)
-    self._tok = tokenizer_lib.Tokenizer(os.path.join(self._dir, name))
+    path = epath.Path(self._dir) / self._tokenizer[0]
+    path.write_bytes(self._tokenizer[1])
+    self._tok = tokenizer_lib.Tokenizer(os.fspath(path))
 
   def teardown(self):
     shutil.rmtree(self._dir, ignore_errors=True)

@@ -114,8 +114,7 @@ class ElectraPretraining(tfds.core.GeneratorBasedBuilder):
     super()._download_and_prepare(dl_manager, download_config)
     self.info.metadata.update(files=self._integrity())
 
-  def _integrity(self) -> dict:
-    """The finished shards' integrity.record."""
+  def _integrity(self) -> dict:  # the finished shards' records (the Beam builder's come from its workers)
     return integrity.record(os.fspath(self.data_dir))
 
   def _example_writer(self) -> tfds.core.ExampleWriter:
