@@ -1,8 +1,6 @@
-"""Ahead of time: a command's jitted steps lowered and compiled by XLA's TPU or GPU compiler for a slice's or a GPU
-host's devices (topology.py) from ShapeDtypeStructs, so nothing is materialised and no accelerator is needed. What the
-compiler says of each step: its memory plan per device (or that it runs out of HBM, and by how much), its FLOPs and its
-cost model's time (TPU only), and the kernels it is made of, by kind (kernel_counts, which electra-bench shares).
-"""
+"""Ahead of time: a command's steps compiled from ShapeDtypeStructs for a slice's or GPU host's devices (topology.py),
+with no accelerator, and what the compiler says of each: its memory plan per device (or how far it runs out of HBM),
+FLOPs and cost model's time (TPU only), and its kernels by kind (kernel_counts, which electra-bench shares)."""
 import collections
 import dataclasses
 import re
@@ -14,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# libtpu's words when a program does not fit: its temporaries exceed the HBM left for them (found early), or its
-# whole plan exceeds the HBM (found late, after the costly passes).
+# libtpu's words when a program does not fit: its temporaries (found early) or its whole plan exceed the HBM.
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"
                   r"|Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
 
@@ -41,16 +38,14 @@ class Report:
 
 
 class OutOfMemory(Exception):
-  """The compiler found no memory plan within the device's HBM: what it needed and had, for the temporaries alone
-  (`whole` False) or for the whole plan, weights and optimiser state included (`whole` True)."""
+  """No memory plan within the HBM: what the compiler needed and had, for the temporaries or (`whole`) the plan."""
 
   def __init__(self, name: str, need_bytes: int, available_bytes: int, whole: bool, message: str):
     super().__init__(message)
     self.name, self.need_bytes, self.available_bytes, self.whole = name, need_bytes, available_bytes, whole
 
   def temporaries(self, fixed_bytes: int) -> tuple[int, int]:
-    """(needed, available) for the temporaries, given what does not grow with the batch (a fitting plan's
-    arguments, outputs and code)."""
+    """(needed, available) for the temporaries, given what does not grow with the batch (`fixed_bytes`)."""
     return (self.need_bytes - fixed_bytes, self.available_bytes - fixed_bytes) if self.whole else (
         self.need_bytes, self.available_bytes)
 
@@ -64,9 +59,8 @@ def key_struct(sharding) -> jax.ShapeDtypeStruct:
 
 
 def compile_step(name: str, jitted: Callable, args: tuple, memory_limit: int | None = None) -> Report:
-  """Lowers and compiles `jitted` for `args` (ShapeDtypeStructs on the target's devices). Raises OutOfMemory when
-  the compiler finds no plan within the HBM, or, where the compiler does not hold a plan to the device's memory
-  itself (XLA:GPU compiles a plan of any size), when the plan exceeds `memory_limit` bytes."""
+  """Compiles `jitted` for `args` (ShapeDtypeStructs on the target's devices). Raises OutOfMemory when the compiler
+  finds no plan within the HBM, or when the plan exceeds `memory_limit` bytes (XLA:GPU compiles a plan of any size)."""
   t0 = time.perf_counter()
   lowered = jitted.lower(*args)
   t1 = time.perf_counter()
@@ -108,11 +102,9 @@ class Fit:
 
 def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, rows_per_device: int,
                 multiple: int = 1, tries: int = 3) -> Fit | None:
-  """The largest per-device batch (a multiple of `multiple`) that fits, from how the step's temporaries grow with the
-  batch: the plan at `multiple` rows and the compiler's need at `rows_per_device` (from `too_large`) fix a line
-  whose crossing of the HBM left for temporaries one compile confirms; a miss adds its need, and the curve through
-  the plan and the two nearest misses (the growth is not quite linear) gives the next try, at most `tries` compiles
-  in all. None when even `multiple` rows do not fit."""
+  """The largest per-device batch (a multiple of `multiple`) that fits, where the temporaries' growth (a line through
+  the plan at `multiple` rows and `too_large`'s need, then a curve through the nearest misses) meets the HBM, in at
+  most `tries` confirming compiles. None when even `multiple` rows do not fit."""
   try:
     fits = (multiple, compile_at(multiple))
   except OutOfMemory:
@@ -135,8 +127,7 @@ def largest_fit(compile_at: Callable[[int], Report], too_large: OutOfMemory, row
 
 
 def _crossing(points: list[tuple[int, int]], level: int) -> float:
-  """Where the line (two points) or parabola (three) through (rows, bytes) points reaches `level`, between the first
-  point's rows and the last's; the line through the last two where the parabola has no such crossing."""
+  """Where the line (two points) or parabola (three) through (rows, bytes) reaches `level`, between their rows."""
   x, y = np.array(points, dtype=float).T
   lo, hi = x[0], x[-1]
   if len(points) == 3:
@@ -149,17 +140,14 @@ def _crossing(points: list[tuple[int, int]], level: int) -> float:
 
 
 def int_batch(sharding, batch: int, seq_len: int, steps: int = 1, **extra) -> dict:
-  """ShapeDtypeStructs of a batch of token ids and segment ids (int32 [batch, seq_len]) and `extra` fields (name ->
-  (shape, dtype)), split as `sharding` splits batches; `steps` > 1: that many stacked on a leading axis (a dispatch of
-  several steps, sharding.Sharded.jit_steps)."""
+  """ShapeDtypeStructs of a batch (ids, `extra` name -> (shape, dtype)) laid out by `sharding`, `steps` stacked."""
   shapes = dict(input_ids=((batch, seq_len), jnp.int32), segment_ids=((batch, seq_len), jnp.int32), **extra)
   lead = (steps,) if steps > 1 else ()
   return {k: jax.ShapeDtypeStruct((*lead, *shape), dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
-# What a compiled step's kernels are (XLA:GPU launches one for each fusion, custom call, copy and collective of the
-# program's ENTRY computation, and for those of a while loop's body at each trip). Instructions that launch nothing
-# (views, tuples, a collective's completion) are not counted.
+# A compiled step's kernels: XLA:GPU launches one for each fusion, custom call, copy and collective of the ENTRY
+# computation, and of a while loop's body at each trip; instructions that launch nothing are not counted.
 KERNEL_KINDS = ("gemm", "cudnn", "elementwise", "reduction", "triton", "rng", "collective", "copy", "other")
 _NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
               "partition-id", "replica-id", "add-dependency", "all-reduce-done", "all-gather-done",
@@ -170,22 +158,8 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "col
 
 def _instructions(computation: str) -> list[tuple[str, str]]:
   """(line, opcode) of each instruction of HLO text ('%x = SHAPE opcode(operands), ...')."""
-  out = []
-  for line in computation.splitlines():
-    _, eq, rest = line.partition(" = ")
-    if not eq:
-      continue
-    if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
-      depth = 0
-      for i, c in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(c, 0)
-        if not depth:
-          rest = rest[i + 1:]
-          break
-    else:
-      rest = rest.partition(" ")[2]
-    out.append((line, rest.strip().partition("(")[0]))
-  return out
+  found = ((line, re.search(r" = .*?(?<![\w:])([a-z][\w-]*)\(", line)) for line in computation.splitlines())
+  return [(line, m.group(1)) for line, m in found if m]
 
 
 def _computation(text: str, name: str | None) -> str:
@@ -213,11 +187,8 @@ def _kind(line: str, op: str) -> str:
 
 
 def kernel_counts(hlo_text: str) -> dict:
-  """What a compiled program (`compiled.as_text()`: XLA's optimised, scheduled HLO) is made of: its ENTRY
-  computation's instructions and fusions, the reduce ops of the whole module (in fusions included), and its kernels by
-  kind (KERNEL_KINDS; gemm: Triton or cuBLAS matmuls, cudnn: cuDNN's calls such as fused attention, elementwise and
-  reduction: XLA's own loop and reduction fusions, triton: its other Triton fusions, rng: random-number fusions).
-  On a GPU each kernel is a launch, so fewer is faster where launches set the pace."""
+  """What a compiled program (`compiled.as_text()`) is made of: its ENTRY computation's instructions and fusions, the
+  module's reduce ops, and its kernels by kind (KERNEL_KINDS; gemm: Triton or cuBLAS, triton: other Triton fusions)."""
   kinds = collections.Counter()
 
   def visit(computation: str, times: int):
