@@ -1,10 +1,6 @@
-"""The device mesh and every sharding of a run, declared once.
-
-Parameters carry logical axis names (modeling.py); RULES maps them onto the mesh axes ("data", "fsdp"). The batch is
-split over both axes; weights are split over "fsdp" (ZeRO-3 style: XLA gathers them where a layer needs them). A
-dimension that does not divide evenly stays replicated (logged once), so odd vocabularies never break a mesh.
-Activations are constrained by the same rules ("act_*" names) where a step is traced (Sharded.jit_step).
-"""
+"""The device mesh and every sharding of a run, declared once: RULES maps modeling.py's logical axis names onto the
+mesh axes (the batch over both, weights over "fsdp", ZeRO-3 style; activations where a step is traced). A dimension
+the mesh does not divide stays replicated, so odd vocabularies never break a mesh."""
 import contextlib
 import dataclasses
 import functools
@@ -39,8 +35,7 @@ RULES = (
 
 
 def mesh_shape(data: int, fsdp: int, num_devices: int) -> tuple[int, int]:
-  """mesh.* as (data, fsdp) sizes over `num_devices`: data=-1 takes every device fsdp leaves, fsdp=-1 every device
-  data leaves (one slice's or node's devices, with data set to the number of slices or nodes)."""
+  """mesh.* as (data, fsdp) sizes over `num_devices`; -1 takes every device the other axis leaves."""
   if data == -1 and fsdp == -1:
     raise ValueError("mesh data=-1 and fsdp=-1: at most one of them can take the devices the other leaves")
   rows = data if data != -1 else num_devices // max(fsdp, 1)
@@ -54,15 +49,13 @@ def mesh_shape(data: int, fsdp: int, num_devices: int) -> tuple[int, int]:
 def create_mesh(data: int, fsdp: int, devices=None) -> Mesh:
   """A (data, fsdp) mesh (mesh_shape) over `devices`, default this host's."""
   devices = jax.devices() if devices is None else devices
-  shape = mesh_shape(data, fsdp, len(devices))
   # Auto axes: stock Flax layers rely on sharding propagation, not explicit-sharding types.
-  return jax.make_mesh(shape, MESH_AXES, devices=devices,
+  return jax.make_mesh(mesh_shape(data, fsdp, len(devices)), MESH_AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 def check_batch(global_batch: int, mesh: Mesh, micro_batches: int = 1):
-  """The global batch must split over the data-parallel devices and the processes, and cut into `micro_batches`
-  equal micro-batches (update.gradients) that still split over the devices."""
+  """The global batch must split over the devices and processes, into `micro_batches` that split over the devices."""
   n = mesh.shape["data"] * mesh.shape["fsdp"]
   if global_batch % n or global_batch % jax.process_count():
     raise ValueError(f"train.batch_size={global_batch} is not divisible by the {n} data-parallel devices "
@@ -83,18 +76,8 @@ def _fit(spec: P, shape, mesh: Mesh) -> P:
   return P(*axes)
 
 
-def tree_specs(boxed_tree, mesh: Mesh):
-  """PartitionSpecs on `mesh` for a tree whose arrays are boxed with logical axis names (from a Flax init or
-  jax.eval_shape), with the mesh axes that do not divide a dimension dropped; and the unboxed tree."""
-  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_tree), RULES)
-  shapes = nn.meta.unbox(boxed_tree)
-  return jax.tree.map(lambda spec, x: _fit(spec, x.shape, mesh), specs, shapes,
-                      is_leaf=lambda s: isinstance(s, P)), shapes
-
-
-def tree_shardings(abstract_boxed_tree, mesh: Mesh):
-  """NamedShardings for a tree whose parameters are boxed with logical axis names (from jax.eval_shape). Logs, once,
-  every array that stays replicated along a dimension its rule would split because the mesh does not divide it."""
+def tree_shardings(abstract_boxed_tree, mesh: Mesh, log: bool = True):
+  """NamedShardings for a tree boxed with logical axis names; logs (`log`) the dimensions the mesh does not divide."""
   wanted = nn.logical_to_mesh(nn.get_partition_spec(abstract_boxed_tree), RULES)
   undivided = []
 
@@ -106,7 +89,7 @@ def tree_shardings(abstract_boxed_tree, mesh: Mesh):
 
   shardings = jax.tree_util.tree_map_with_path(fit, wanted, nn.meta.unbox(abstract_boxed_tree),
                                                is_leaf=lambda s: isinstance(s, P))
-  if undivided:
+  if undivided and log:
     logging.info("Replicated where the %s mesh does not divide a dimension: %s", dict(mesh.shape),
                  "; ".join(undivided))
   return shardings
@@ -122,16 +105,14 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 @contextlib.contextmanager
 def activation_rules(mesh: jax.sharding.Mesh):
-  """While a step is traced: the mesh and the logical-axis rules that make modeling.py's activation constraints
-  (nn.with_logical_constraint) real sharding constraints; outside them Flax returns activations unconstrained."""
+  """While a step is traced: the mesh and rules that make modeling.py's nn.with_logical_constraint real."""
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(RULES):
     yield
 
 
 @dataclasses.dataclass(frozen=True)
 class Sharded:
-  """A TrainState's shardings on one mesh, its jitted init (create_state), and the one jit of a step over it: the
-  same placement, donation and activation-sharding rules for pre-training and fine-tuning."""
+  """A TrainState's shardings on one mesh, its jitted init, and the one jit of a step over it."""
   mesh: jax.sharding.Mesh
   state: Any  # NamedShardings, one per leaf of the TrainState
   batch: jax.sharding.NamedSharding
@@ -140,15 +121,12 @@ class Sharded:
   shapes: Any  # the TrainState's ShapeDtypeStructs
 
   def jit_step(self, fn: Callable) -> Callable:
-    """fn(state, batch, rng) -> (state, metrics), jitted once: the state donated and kept in place, metrics
-    replicated."""
+    """fn(state, batch, rng) -> (state, metrics), jitted once: the state donated, metrics replicated."""
     return jax.jit(self._with_rules(fn), in_shardings=(self.state, self.batch, self.replicated),
                    out_shardings=(self.state, self.replicated), donate_argnums=(0,))
 
   def jit_steps(self, fn: Callable, k: int) -> tuple[Callable, NamedSharding]:
-    """fn jitted as jit_step does, `k` steps a call: a lax.scan over k batches stacked on a leading axis (each split
-    as `batch` splits one), each step's metrics stacked. The same steps as k calls (a step folds its number into the
-    rng), in one dispatch: the host's work a call is shared by k steps. Returns it and its batch's sharding."""
+    """fn jitted as jit_step, `k` steps a call over k stacked batches (lax.scan), with its batch's sharding."""
     if k == 1:
       return self.jit_step(fn), self.batch
     stacked = NamedSharding(self.mesh, P(None, *self.batch.spec))
@@ -175,14 +153,11 @@ class Sharded:
 
 
 def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optimizer, mesh: Mesh) -> Sharded:
-  """The TrainState of pre-training or fine-tuning on `mesh`. `init_params(rng)` returns parameters boxed with logical
-  axis names (a Flax module's init); every leaf of the state is placed per RULES, and the flat update's weights
-  (optimizer.flat) are laid out as the mesh splits them."""
+  """The TrainState of `init_params(rng)` (a Flax init's boxed parameters) and `optimizer` on `mesh`, per RULES."""
   if optimizer.flat and mesh.shape["fsdp"] > 1:  # set before the optimiser state's shapes are traced
-    params = jax.eval_shape(init_params, jax.random.key(0))
-    specs = jax.tree.leaves(tree_specs(params, mesh)[0], is_leaf=lambda s: isinstance(s, P))
+    shardings = jax.tree.leaves(tree_shardings(jax.eval_shape(init_params, jax.random.key(0)), mesh, log=False))
     optimizer.flat.fsdp = mesh.shape["fsdp"]
-    optimizer.flat.split = [tuple(spec).index("fsdp") if "fsdp" in spec else None for spec in specs]
+    optimizer.flat.split = [tuple(s.spec).index("fsdp") if "fsdp" in s.spec else None for s in shardings]
 
   def init_boxed(rng):
     params = init_params(rng)
@@ -195,8 +170,8 @@ def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optim
 
 
 def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:
-  """`init(rng)` jitted, its outputs placed per `shardings`: computed on the devices themselves, or, given a `host`
-  device, computed there and copied to them (from the same random bits: on the same backend, the same values)."""
+  """`init(rng)` jitted, its outputs placed per `shardings`: computed on the devices, or on a `host` device (from the
+  same random bits) and copied to them."""
   if host is None:
     return jax.jit(init, out_shardings=shardings)
   on_host = jax.jit(init, out_shardings=jax.sharding.SingleDeviceSharding(host))
@@ -209,9 +184,7 @@ def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | 
 
 
 def host_for(mesh: jax.sharding.Mesh) -> jax.Device | None:
-  """Where a GPU mesh's state is initialised: this host's CPU, whose compiler builds an initialisation's thousands of
-  small random-number fusions in seconds where XLA:GPU's takes about a minute (docs/benchmarks.md). Elsewhere
-  (TPU, CPU) on the devices themselves."""
+  """A GPU mesh's state is initialised on this host's CPU, which compiles it far faster (docs/benchmarks.md)."""
   if mesh.devices.flat[0].platform != "gpu":
     return None
   try:
@@ -221,8 +194,7 @@ def host_for(mesh: jax.sharding.Mesh) -> jax.Device | None:
 
 
 def to_host(tree):
-  """Every array of `tree` as a numpy array of its global value, on every process. An array split across processes
-  is gathered from them: a collective, so every process must call this with the same tree."""
+  """Every array of `tree` as numpy, its global value on every process (a collective: every process calls it)."""
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
       return np.asarray(multihost_utils.process_allgather(x, tiled=True))
