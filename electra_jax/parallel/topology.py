@@ -37,14 +37,11 @@ class Slice:
   """One accelerator type, times num_slices."""
   accelerator_type: str  # as given, normalised: v5e-16 (gcloud: v5litepod-16)
   generation: str
+  spec: Generation
   chips: int  # per slice
   num_slices: int
   shape: tuple[int, ...]  # the chips' torus
   host_bounds: tuple[int, int, int]  # chips per host, as x, y, z
-
-  @property
-  def spec(self) -> Generation:
-    return GENERATIONS[self.generation]
 
   @property
   def num_devices(self) -> int:
@@ -64,17 +61,21 @@ class Slice:
 
   def devices(self) -> list:
     """The slice's (or slices') devices, from libtpu's topology description."""
-    packages.require("libtpu", f"compiling for a {self.name} TPU slice")
-    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-    try:
-      with _libtpu_environment(self.accelerator_type):
-        desc = topologies.get_topology_desc(
-            platform="tpu", topology_name=f"{self.generation}:{'x'.join(map(str, self.shape))}",
-            chip_config_name=self.spec.chip_config, chips_per_host_bounds=self.host_bounds,
-            num_slices=self.num_slices)
-    except Exception as e:  # pylint: disable=broad-except  (libtpu's errors have no common type)
-      raise ValueError(f"cannot describe a {self.name} TPU slice: {' '.join(str(e).split())[:300]}") from None
-    return list(desc.devices)
+    with _libtpu_environment(self.accelerator_type):
+      return _described(f"a {self.name} TPU slice", "libtpu", platform="tpu",
+                        topology_name=f"{self.generation}:{'x'.join(map(str, self.shape))}",
+                        chip_config_name=self.spec.chip_config, chips_per_host_bounds=self.host_bounds,
+                        num_slices=self.num_slices)
+
+
+def _described(what: str, package: str, **description) -> list:
+  """The devices of jax.experimental.topologies' description of `what` (`package` provides it)."""
+  packages.require(package, f"compiling for {what}")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    return list(topologies.get_topology_desc(**description).devices)
+  except Exception as e:  # pylint: disable=broad-except  (the compilers' errors have no common type)
+    raise ValueError(f"cannot describe {what}: {' '.join(str(e).split())[:300]}") from None
 
 
 @contextlib.contextmanager
@@ -84,14 +85,13 @@ def _libtpu_environment(accelerator_type: str):
   starts do not take this machine for a TPU VM."""
   settings = dict(TPU_ACCELERATOR_TYPE=accelerator_type, TPU_WORKER_HOSTNAMES="localhost", TPU_STDERR_LOG_LEVEL="2",
                   ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  saved = {k: os.environ.get(k) for k in settings}
-  os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
+  unset = [k for k in settings if k not in os.environ]
+  os.environ.update({k: settings[k] for k in unset})
   try:
     yield
   finally:
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
+    for k in unset:
+      os.environ.pop(k, None)
 
 
 def _torus(chips: int, dims: int) -> tuple[int, ...]:
@@ -126,7 +126,7 @@ def parse(accelerator_type: str, num_slices: int = 1) -> Slice:
     raise ValueError(f"--num_slices={num_slices} must be at least 1")
   shape = _torus(chips, spec.dims)
   host = shape + (1,) * (3 - len(shape)) if chips <= spec.single_host_chips else (2, 2, 1)  # chips per host
-  return Slice(f"{generation}-{size}", generation, chips, num_slices, shape, host)
+  return Slice(f"{generation}-{size}", generation, spec, chips, num_slices, shape, host)
 
 
 # XLA's descriptions of each GPU (stream_executor.GpuTargetConfigProto in text form, shipped in gpu_targets/).
@@ -164,15 +164,8 @@ class GpuHosts:
 
   def devices(self) -> list:
     """The GPUs, from XLA's description of the device (no GPU needed; nothing is autotuned without one)."""
-    packages.require("jax_cuda12_plugin", f"compiling for {self.name} GPUs")
-    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-    per_host = min(self.num_devices, GPUS_PER_HOST)
-    try:
-      desc = topologies.get_topology_desc(platform="cuda", topology=f"1x{self.num_hosts}x{per_host}",
-                                          target_config=self.target_config)
-    except Exception as e:  # pylint: disable=broad-except  (the plugin's errors have no common type)
-      raise ValueError(f"cannot describe {self.name} GPUs: {' '.join(str(e).split())[:300]}") from None
-    return list(desc.devices)
+    return _described(f"{self.name} GPUs", "jax_cuda12_plugin", platform="cuda", target_config=self.target_config,
+                      topology=f"1x{self.num_hosts}x{min(self.num_devices, GPUS_PER_HOST)}")
 
 
 def parse_gpu(spec: str) -> GpuHosts:
