@@ -1,18 +1,13 @@
 """electra-compile: compile a config's train and evaluation steps for a Cloud TPU slice or NVIDIA GPUs on this machine
-(no TPU or GPU needed) and report whether they fit, what XLA counts and what the TPU cost model expects, and the
-kernels each step is made of, before a slice or a GPU host is booked.
+(no TPU or GPU needed), with XLA's TPU (the `tpu` extra) or GPU compiler (`gpu-compile`): whether they fit, what XLA
+counts, the TPU cost model's estimates and each step's kernels. A step that does not fit ends in one line naming its
+need and the largest batch that fits. The last line of output is one JSON object (docs/tpu.md, docs/gpu_compile.md).
 
   electra-compile --config=configs/base.py --tpu=v3-8
   electra-compile --config=configs/finetune/glue.py:mnli,base --tpu=v3-8 --encoder=base
   electra-compile --config=configs/finetune/qa.py --config.seq_len=512 --tpu=v3-8 --config.init_from=gs://B/export
   electra-compile --config=configs/small.py --gpu=h200
-
-The steps are the commands' own, jitted over the config's mesh and compiled from shapes alone by XLA's TPU compiler
-(the `tpu` extra) or GPU compiler (the `gpu-compile` extra); the cost model's figures are estimates, not measurements.
-A step that does not fit ends in one line naming what it needs, the HBM and the largest batch that fits. The last
-line of output is one JSON object (docs/tpu.md, docs/gpu_compile.md).
 """
-import contextlib
 import json
 import time
 from importlib import metadata
@@ -70,7 +65,12 @@ def _finetune_targets(ft, encoder, devices):
           f"{ft.task.type} on the {what}, {mc.dtype}, sequence length {seq_len}")
 
 
-def _pretrain_targets(config, devices):
+def _targets(config, encoder, devices):
+  """_finetune_targets' four of a fine-tuning or pre-training config."""
+  if "task" in config:
+    return _finetune_targets(config, encoder, devices)
+  if encoder:
+    raise ValueError("--encoder applies to fine-tuning configs; a pre-training config's model.* is its encoder")
   import numpy as np  # pylint: disable=g-import-not-at-top
   from electra_jax.data.special_ids import SpecialIds  # pylint: disable=g-import-not-at-top
   from electra_jax.pretrain import experiment  # pylint: disable=g-import-not-at-top
@@ -79,14 +79,6 @@ def _pretrain_targets(config, devices):
   exp = experiment.create(config, SpecialIds(), devices=devices, word_starts=word_starts)
   return (experiment.compile_targets(exp), exp.step_flops, config.train.batch_size * config.data.seq_len,
           f"{config.objective.name} pre-training, {config.model.dtype}, sequence length {config.data.seq_len}")
-
-
-def _targets(config, encoder, devices):
-  if "task" in config:
-    return _finetune_targets(config, encoder, devices)
-  if encoder:
-    raise ValueError("--encoder applies to fine-tuning configs; a pre-training config's model.* is its encoder")
-  return _pretrain_targets(config, devices)
 
 
 def _fit_error(config, name, slice_, devices, too_large, aot, memory_limit) -> str:
@@ -98,8 +90,7 @@ def _fit_error(config, name, slice_, devices, too_large, aot, memory_limit) -> s
     trial = config.copy_and_resolve_references()
     with trial.unlocked():
       trial.train.batch_size = rows * n
-    targets = _targets(trial, None, devices)[0]
-    return aot.compile_step(*targets[0], memory_limit=memory_limit)
+    return aot.compile_step(*_targets(trial, None, devices)[0][0], memory_limit=memory_limit)  # the train step
 
   fit = aot.largest_fit(compile_at, too_large, config.train.batch_size // n, multiple=accum)
   what, room = ("of HBM in all", "of HBM") if too_large.whole else ("of temporaries", "of HBM left for them")
@@ -139,7 +130,6 @@ COLUMNS = [("step", "step", "{}"), ("arguments", "argument_bytes", "gib"), ("tem
 
 
 def _print_table(rows, cols):
-
   def cell(row, key, fmt):
     v = row.get(key)
     if v is None:
@@ -177,12 +167,16 @@ def main(config, tpu, gpu, num_slices, encoder):
   reports = []
   for target in targets:
     try:
-      with _cudnn_named():
-        reports.append(aot.compile_step(*target, memory_limit=memory_limit))
+      reports.append(aot.compile_step(*target, memory_limit=memory_limit))
     except aot.OutOfMemory as e:
       if e.name != "train step":
         raise ValueError(f"{name}'s {e.name} does not fit a {slice_.name} device: {e}") from None
       raise ValueError(_fit_error(config, name, slice_, devices, e, aot, memory_limit)) from None
+    except RuntimeError as e:  # JAX looks for cuDNN only when it traces fused attention for an NVIDIA GPU
+      if "cuDNN" in str(e):
+        packages.require("nvidia.cudnn", "fused attention for NVIDIA GPUs (cuDNN's flash attention; "
+                         "model.attention_impl=einsum compiles without it)")
+      raise
   peak = flops.peak_flops(devices[0])
   rows = [_row(r, model_flops, tokens, n, slice_.hbm_bytes_per_device, peak) for r in reports]
   _print_table(rows, COLUMNS)
@@ -200,19 +194,6 @@ def main(config, tpu, gpu, num_slices, encoder):
     print(f"Estimates are the TPU cost model's, not measurements: train.num_steps={config.train.num_steps:,} would "
           f"take ~{days:.2f} days ({days * 24:.1f} hours) of steps on {slice_.name}.")
   print(json.dumps(result))
-
-
-@contextlib.contextmanager
-def _cudnn_named():
-  """JAX looks for cuDNN's library only when it traces fused attention for an NVIDIA GPU: its absence named as the
-  missing package it is."""
-  try:
-    yield
-  except RuntimeError as e:
-    if "cuDNN" in str(e):
-      packages.require("nvidia.cudnn", "fused attention for NVIDIA GPUs (cuDNN's flash attention; "
-                       "model.attention_impl=einsum compiles without it)")
-    raise
 
 
 def run():
