@@ -71,13 +71,9 @@ class ModelConfig:
     f = m.generator_fraction
     gen = EncoderConfig(m.num_layers, max(1, round(m.hidden_size * f)), max(1, round(m.num_heads * f)),
                         max(1, round(m.intermediate_size * f)))
-    return cls(vocab_size=config.data.vocab_size, embedding_size=m.embedding_size, discriminator=disc,
-               generator=gen, max_position_embeddings=m.max_position_embeddings,
-               type_vocab_size=m.type_vocab_size, dropout_rate=m.dropout_rate,
-               attention_dropout_rate=m.attention_dropout_rate, initializer_range=m.initializer_range,
-               layer_norm_eps=m.layer_norm_eps, dtype=m.dtype, remat=m.remat,
-               embedding_sharing=config.objective.embedding_sharing, attention_impl=m.attention_impl,
-               scan_layers=m.scan_layers, one_hot_embeddings=m.one_hot_embeddings)
+    same = {k.name: m[k.name] for k in dataclasses.fields(cls) if k.name in m}  # fields named as config.model's keys
+    return cls(vocab_size=config.data.vocab_size, discriminator=disc, generator=gen,
+               embedding_sharing=config.objective.embedding_sharing, **same)
 
   @property
   def compute_dtype(self):
@@ -111,7 +107,8 @@ def sums_in_parts(*arrays) -> tuple:
 
 
 def column_sums(*arrays) -> tuple:
-  """Each array summed over every axis but the last, in float32 (a bias's gradient): sums_in_parts, except on CPUs."""
+  """Each array summed over all but its last axis in float32 (a bias's gradient): sums_in_parts, except on CPUs, where
+  XLA runs a variadic reduction slower than separate sums."""
   return jax.lax.platform_dependent(
       *arrays, cpu=lambda *a: tuple(t.astype(jnp.float32).sum(tuple(range(t.ndim - 1))) for t in a),
       default=sums_in_parts)

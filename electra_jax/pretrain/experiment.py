@@ -1,6 +1,5 @@
-"""What one pre-training config compiles: the model, the optimiser, the pure train step (ELECTRA's loss under
-parallel/update.py's update) and eval step jitted over the mesh, and the evaluation that sums on device. The config's
-sections become frozen dataclasses here, once (ObjectiveConfig, ModelConfig, optim.Recipe): traced code reads those."""
+"""What one pre-training config compiles: model, optimiser, the jitted train and eval steps, and the evaluation. The
+config's sections become frozen dataclasses here, once (ObjectiveConfig, ModelConfig, optim.Recipe) for traced code."""
 import dataclasses
 import functools
 from typing import Callable
@@ -55,16 +54,14 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
            word_starts=None) -> Experiment:
   """`special` and `word_starts` (objective.whole_word_masking's) are the tokenizer's (data/prepared.py reads them)."""
   train, seq_len = config.train, config.data.seq_len
-  given = recipe(train)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
   objective = objectives.ObjectiveConfig.from_config(config)
-  entry = objectives.get(objective.name)
   masking.check_masking(objective.mask_prob, seq_len)
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  step_flops = entry.flops(flops.costs(model.config, objective, train.batch_size, seq_len))
-  optimizer = optim.build(given, devices)
+  step_flops = objectives.get(objective.name).flops(flops.costs(model.config, objective, train.batch_size, seq_len))
+  optimizer = optim.build(recipe(train), devices)
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(train.batch_size, mesh, train.grad_accum_steps)
   stages = update_lib.Stages(objective.switch_step, two_stage.discriminator_from_generator,
@@ -92,8 +89,7 @@ def compile_targets(exp: Experiment) -> list[tuple[str, Callable, tuple]]:
 
 
 def evaluate(exp: Experiment, params, batches, step: Callable | None = None) -> dict:
-  """Metrics over `batches`, summed on device and fetched once: means, and the discriminator's precision, recall and
-  ROC AUC on replaced tokens. `step`: exp.eval, or that step compiled ahead."""
+  """Metrics over `batches` summed on device (D's precision, recall and ROC AUC too) by `step` (default exp.eval)."""
   rng = jax.random.key(exp.config.train.seed + 1)
   totals, n = None, 0
   for batch in batches:
