@@ -45,8 +45,7 @@ CADENCES = ("num_steps", "eval_every", "log_every", "checkpoint_every")
 
 
 def check_counts(train: ml_collections.ConfigDict, *counts: str):
-  """A one-line ValueError unless train's `counts` and COUNTS >= 1, spike_factor >= 0, CADENCES % k == 0 (k:
-  steps_per_dispatch)."""
+  """A one-line ValueError unless `counts`, COUNTS >= 1, spike_factor >= 0, CADENCES multiples of steps_per_dispatch."""
   for key in (*counts, *COUNTS):
     if train[key] < 1:
       raise ValueError(f"train.{key}={train[key]} must be at least 1")

@@ -23,8 +23,7 @@ class Masked(NamedTuple):
 
 
 def scatter(ids: jax.Array, positions: jax.Array, values: jax.Array, weights: jax.Array) -> jax.Array:
-  """ids with ids[b, positions[b, p]] = values[b, p] wherever weights[b, p] > 0 (positions in a row are distinct),
-  by comparing each position with the sequence's: [B, P, L] selects, cheaper than a scatter on a TPU (docs/tpu.md)."""
+  """ids with ids[b, positions[b, p]] = values[b, p] where weights > 0, as [B, P, L] selects (cheaper on a TPU)."""
   hit = (positions[..., None] == jnp.arange(ids.shape[1])) & (weights[..., None] > 0)
   return jnp.where(hit.any(axis=1), jnp.where(hit, values[..., None], 0).sum(axis=1).astype(ids.dtype), ids)
 
@@ -47,10 +46,9 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_
 
 def mask_words(rng: jax.Array, input_ids: jax.Array, special: SpecialIds, mask_prob: float, vocab_size: int,
                bert_recipe: bool = False, rows: jax.Array | None = None, *, word_starts) -> Masked:
-  """Whole-word masking: mask_tokens' budget spent as BERT's whole-word masking does, on the row's words in random
-  order, each taken whole if it fits in what is left, else skipped. A word is a piece `word_starts` ([vocab_size]
-  bool) marks, or any piece after a special token or padding, with the unmarked pieces that follow (specials are
-  never words). Replacement as in mask_tokens."""
+  """mask_tokens' budget spent as BERT's whole-word masking does: the row's words in random order, each taken whole
+  if it fits in what is left. A word is a piece `word_starts` ([vocab_size] bool) marks, or any piece after a special
+  token or padding, with the unmarked pieces that follow (specials are never words)."""
   batch, seq_len = input_ids.shape
   p = max_predictions(mask_prob, seq_len)
   k_choose, k_replace = jax.random.split(rng)

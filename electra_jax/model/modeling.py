@@ -327,8 +327,7 @@ def _masked_scores(q, k, mask):
 
 
 def _logsumexp(scores: jax.Array) -> jax.Array:
-  """log Σ exp(scores) over the last axis, in float32, from the row's max and the sum of exponentials below it (a
-  one-pass reduction in log space crashes libtpu's compiler: docs/tpu.md)."""
+  """log Σ exp(scores) over the last axis in float32, from the row's max (one pass in log space crashes libtpu)."""
   s = scores.astype(jnp.float32)
   top = s.max(-1, keepdims=True)
   return top + jnp.log(jnp.exp(s - top).sum(-1, keepdims=True))
@@ -366,9 +365,8 @@ attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a padding mask; Q, K, V separate layers as HF's, projected by `projections`.
-  attention_impl "einsum" calls `attention`; "fused" jax.nn.dot_product_attention (no dropout; `fused_kernel`) with
-  the trailing padding as key lengths. Returns the output layer's product and its bias apart, for `layer_norm`."""
+  """Multi-head self-attention with a padding mask, Q, K, V separate layers as HF's: "einsum" `attention`, or "fused"
+  jax.nn.dot_product_attention (no dropout). Returns the output layer's product and its bias apart (for layer_norm)."""
   config: ModelConfig
   encoder: EncoderConfig
 
@@ -434,9 +432,8 @@ class Encoder(nn.Module):
 
 
 def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, dropout_keys):
-  """The layers as one lax.scan over their parameters stacked inside the step (one layer compiled; the parameters
-  keep their names layer_0, layer_1, ...). Dropout masks come from `dropout_keys` as unrolled; the attention-dropout
-  keys are split from `rng`, so that stream differs from the unrolled layers'."""
+  """The layers as one lax.scan over their stacked parameters (one layer compiled; names stay layer_i). Dropout masks
+  come from `dropout_keys` as unrolled, but attention dropout's keys are split from `rng`: another stream."""
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
   keys = None if rng is None else jax.random.split(rng, e.num_layers)
   layer = EncoderLayer(c, e)
@@ -532,8 +529,7 @@ class Electra(nn.Module):
 
   def discriminator_mlm_logits(self, input_ids, segment_ids, positions=None, *, copy: bool = False,
                                deterministic: bool = True):
-    """The discriminator as a masked LM: logits [B, P, V] at `positions`, or [B, L, V] at every position when None;
-    with `copy`, also the replaced-token head's logits [B, L] (All-Tokens MLM's copy gate)."""
+    """D as a masked LM: logits at `positions` [B, P, V] or everywhere [B, L, V]; `copy`: and the copy gate [B, L]."""
     h, table = self._encode("discriminator", input_ids, segment_ids, deterministic)
     logits = self.discriminator_mlm_head(h if positions is None else gather_positions(h, positions), table)
     return (logits, self.discriminator_head(h)) if copy else logits

@@ -59,8 +59,7 @@ def key_struct(sharding) -> jax.ShapeDtypeStruct:
 
 
 def compile_step(name: str, jitted: Callable, args: tuple, memory_limit: int | None = None) -> Report:
-  """Compiles `jitted` for `args` (ShapeDtypeStructs on the target's devices). Raises OutOfMemory when the compiler
-  finds no plan within the HBM, or when the plan exceeds `memory_limit` bytes (XLA:GPU compiles a plan of any size)."""
+  """Compiles `jitted` for `args` (ShapeDtypeStructs); OutOfMemory when no plan fits the HBM or `memory_limit` bytes."""
   t0 = time.perf_counter()
   lowered = jitted.lower(*args)
   t1 = time.perf_counter()

@@ -170,8 +170,7 @@ def create_state(init_params: Callable[[jax.Array], Any], optimizer: optim.Optim
 
 
 def placed_init(init: Callable[[jax.Array], Any], shardings, host: jax.Device | None = None) -> Callable:
-  """`init(rng)` jitted, its outputs placed per `shardings`: computed on the devices, or on a `host` device (from the
-  same random bits) and copied to them."""
+  """`init(rng)` jitted, placed per `shardings`: computed on the devices, or on `host` (same random bits) and copied."""
   if host is None:
     return jax.jit(init, out_shardings=shardings)
   on_host = jax.jit(init, out_shardings=jax.sharding.SingleDeviceSharding(host))

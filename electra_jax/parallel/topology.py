@@ -80,9 +80,8 @@ def _described(what: str, package: str, **description) -> list:
 
 @contextlib.contextmanager
 def _libtpu_environment(accelerator_type: str):
-  """What libtpu reads when it starts, set while it does: a TPU VM's type and hosts (it logs errors without them),
-  quiet logs, no lock file (two processes may describe slices at once). Restored after, so that programs this process
-  starts do not take this machine for a TPU VM."""
+  """What libtpu reads as it starts (a TPU VM's type and hosts, without which it logs errors; quiet logs; no lock file,
+  so that processes may describe slices at once), set only while it does: this machine is no TPU VM to children."""
   settings = dict(TPU_ACCELERATOR_TYPE=accelerator_type, TPU_WORKER_HOSTNAMES="localhost", TPU_STDERR_LOG_LEVEL="2",
                   ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   unset = [k for k in settings if k not in os.environ]
@@ -157,8 +156,7 @@ class GpuHosts:
 
   @property
   def hbm_bytes_per_device(self) -> int:
-    """What a step may use of a device: the share JAX's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION, default
-    DEFAULT_MEM_FRACTION). XLA:GPU compiles a plan of any size: aot.py holds it to this."""
+    """A device's memory times XLA_PYTHON_CLIENT_MEM_FRACTION (JAX's allocator's share): aot.py holds plans to it."""
     memory = int(re.search(r"device_memory_size: (\d+)", self.target_config).group(1))
     return int(memory * float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", DEFAULT_MEM_FRACTION)))
 
