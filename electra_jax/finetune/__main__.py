@@ -6,16 +6,14 @@
   electra-finetune --config=configs/finetune/sentiment.py --config.init_from=runs/demo --workdir=runs/ft_sentiment \
       --seeds=0,1,2 --learning_rates=1e-4,3e-4,1e-3  # the protocol: median (min-max) over seeds, rate chosen on dev
 
-Tagging (configs/finetune/ner.py: JSONL tokens/tags or a CoNLL column file) and extractive QA (configs/finetune/qa.py:
-SQuAD v1.1 JSON) run the same way. A run starts from a pre-training workdir (its latest checkpoint, or
---config.init_step), an HF ELECTRA directory, or random init when init_from is empty. Task data: JSONL/CSV/TSV files
-(local or gs://), a local TFDS dataset or a built-in task; without eval rows a seeded task.eval_fraction of the
-training rows is held out, and a dev fold (task.dev_fraction) chooses the model and stops the run early.
+Tagging (configs/finetune/ner.py: JSONL tokens/tags or CoNLL columns) and extractive QA (configs/finetune/qa.py: SQuAD
+v1.1 JSON) run the same way. A run starts from a pre-training workdir (its latest checkpoint, or --config.init_step),
+an HF ELECTRA directory, or random init (empty init_from). Task data: JSONL/CSV/TSV files (local or gs://), a local
+TFDS dataset or a built-in task; a seeded dev fold (task.dev_fraction) chooses the model and stops the run early.
 
-The workdir receives config.json, plan.json, metrics.jsonl, tensorboard/, checkpoints/ (SIGTERM/Ctrl-C save and exit
-0: the same command resumes), best/ (an HF directory), predictions_*.jsonl and, last, eval_results.json. A workdir
-holding another config's run is refused unless --config.overwrite=true; one another run is writing, or that is, holds
-or lies inside what this run reads, always (docs/finetune_workdir.md).
+The workdir (docs/finetune_workdir.md) receives config.json, plan.json, metrics, checkpoints/ (SIGTERM/Ctrl-C save;
+the same command resumes), best/ (an HF directory), predictions and, last, eval_results.json. A workdir holding another
+config's run is refused unless --config.overwrite=true; one that another run writes or that overlaps its inputs, always.
 """
 import json
 
