@@ -4,16 +4,18 @@
   electra-bench --config=configs/demo.py --data_dir=data/demo --pipeline   # real ids; the input pipeline's speed too
   electra-bench --config=configs/small.py --data_dir=data/demo --host_loop --steps=300
 
-Compiles the step (compile time, memory, fusions, kernels by kind), then times --steps steps on device-resident
-batches (synthetic ids laid out as packed data, or the prepared dataset's under --data_dir), then as the training loop
-drives them; --host_loop times electra-pretrain's own loop around a step that costs nothing instead. The last line of
-output is one JSON object, whose fields docs/benchmarks.md explains. Whether a config fits a TPU slice: electra-compile.
+Compiles the step (time, memory, kernels), times --steps steps on device-resident batches (synthetic, or the prepared
+data's under --data_dir), then as the training loop drives them; --host_loop times electra-pretrain's loop around a
+step that costs nothing. The last line is one JSON object (docs/benchmarks.md). Whether a config fits: electra-compile.
 """
 import collections
+import dataclasses
 import gc
 import itertools
 import json
 import os
+import tempfile
+import threading
 import time
 
 import numpy as np
@@ -31,14 +33,11 @@ def define_flags():
       config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True),
       flags.DEFINE_integer("steps", 10, "Timed steps (dispatches: of train.steps_per_dispatch steps each)."),
       flags.DEFINE_integer("warmup", 3, "Untimed steps after compiling."),
-      flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (sets config.data.data_dir; "
-                          "no TensorFlow needed); default: synthetic ids."),
-      flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data (--data_dir or "
-                        "config.data.data_dir)."),
+      flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (config.data.data_dir)."),
+      flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data."),
       flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
       flags.DEFINE_string("profile", None, f"Also trace {PROFILE_STEPS} steps after the timed window into this "
-                          "directory (jax.profiler: TensorBoard's profile plugin or Perfetto read it; "
-                          "benchmarks/trace_top.py lists the ops that took longest)."),
+                          "directory (TensorBoard, Perfetto or benchmarks/trace_top.py read it)."),
       flags.DEFINE_bool("host_loop", False, "Time electra-pretrain's loop around a step that costs nothing instead: "
                         "the host's work a step (needs prepared data; --steps timed after --warmup).")]
 
@@ -49,8 +48,7 @@ def config_name() -> str:
 
 
 def synthetic_batch(rng, batch_size: int, seq_len: int, vocab_size: int, special) -> dict:
-  """Random in-vocab ids laid out like packed pre-training data: [CLS] A [SEP] B [SEP], most rows full, some shorter
-  and padded; segment ids 0 for A, 1 for B."""
+  """Random in-vocab ids laid out like packed pre-training data: [CLS] A [SEP] B [SEP], some rows shorter and padded."""
   ids = rng.integers(max(special) + 1, vocab_size, (batch_size, seq_len), dtype=np.int32)
   seg = np.zeros_like(ids)
   for row in range(batch_size):
@@ -81,15 +79,13 @@ def memory_report(compiled) -> dict:
   if m is None:
     return {}
   return dict(argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
-              alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes,
-              peak_memory_bytes=(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes +
-                                 m.temp_size_in_bytes))
+              alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes, peak_memory_bytes=(
+                  m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes))
 
 
 def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int = 3, profile: str | None = None
                ) -> dict:
-  """Compile time, compiled memory and steady-state step time of `exp.step` (`steps` steps after `warmup`, one
-  block_until_ready at the end), then as the loop drives it; with `profile`, PROFILE_STEPS more traced there."""
+  """Compile time, memory and step time of `exp.step` (`steps` steps after `warmup`), then as the loop drives it."""
   import jax  # pylint: disable=g-import-not-at-top
   from electra_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   from electra_jax.model import flops  # pylint: disable=g-import-not-at-top
@@ -104,22 +100,22 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
   batches = [input_pipeline.to_global(b, exp.step_batch) for b in (host if k == 1 else stacks)]
   t0 = time.perf_counter()
   compiled = exp.step.lower(state, batches[0], rng).compile()
-  # What the optimised step is made of, as electra-compile counts it.
   result = dict(init_s=init_s, compile_s=time.perf_counter() - t0, **memory_report(compiled),
                 param_arrays=len(jax.tree.leaves(state.params)), **aot.kernel_counts(compiled.as_text()))
-  for i in range(warmup):
-    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
-  jax.block_until_ready(state)
+
+  def run_steps(state, n: int, step_metrics=None):
+    for i in range(n):
+      state, step_metrics = compiled(state, batches[i % len(batches)], rng)
+    return jax.block_until_ready((state, step_metrics))
+
+  state, _ = run_steps(state, warmup)
   t0 = time.perf_counter()
-  for i in range(steps):
-    state, step_metrics = compiled(state, batches[i % len(batches)], rng)
-  jax.block_until_ready((state, step_metrics))
+  state, step_metrics = run_steps(state, steps)
   seconds = time.perf_counter() - t0
   # As the training loop drives it: on the resident batches, then on batches placed ahead by OnDevice's thread.
   stream = input_pipeline.train_iterator(config, prepared) if prepared else itertools.cycle(host)
   placed = input_pipeline.OnDevice(stream, exp.step_batch, steps=k)
-  # Fills jit's own cache and starts the stream before a window opens.
-  state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))
+  state, step_metrics = jax.block_until_ready(exp.step(state, next(placed), rng))  # fills jit's cache, starts input
   state, resident_seconds = loop_window(exp.step, state, itertools.cycle(batches), rng, steps)
   state, loop_seconds = loop_window(exp.step, state, placed, rng, steps)
   placed.close()
@@ -128,9 +124,7 @@ def time_steps(exp, config, special, prepared=None, steps: int = 10, warmup: int
                 loop_resident_step_time_s=resident_seconds / (steps * k))
   if profile:
     with jax.profiler.trace(profile, create_perfetto_trace=True):
-      for i in range(PROFILE_STEPS):
-        state, step_metrics = compiled(state, batches[i % len(batches)], rng)
-      jax.block_until_ready((state, step_metrics))
+      state, step_metrics = run_steps(state, PROFILE_STEPS)
     result["profile_steps"] = PROFILE_STEPS
   return dict(result, step_time_s=seconds / (steps * k), steps=steps * k, steps_per_dispatch=k, warmup=warmup,
               loss=float(np.reshape(step_metrics["loss"], -1)[-1]),
@@ -176,11 +170,7 @@ def time_pipeline(config, prepared, num_batches: int) -> dict:
 
 
 def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
-  """electra-pretrain's loop in a scratch workdir around a step that costs nothing: the main thread's time and CPU
-  time a step over `steps` dispatches after `warmup`, its wait for input, and the other threads' CPU time."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
+  """The host's time, CPU and input wait a step in electra-pretrain's loop around a step that costs nothing."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from electra_jax import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -228,7 +218,6 @@ def time_host_loop(exp, prepared, steps: int, warmup: int) -> dict:
 
 def _threads_cpu() -> dict:
   """CPU seconds of this process's Python threads but the calling one, summed by kind (their name's stem)."""
-  import threading  # pylint: disable=g-import-not-at-top
   seconds = collections.Counter()
   for thread in threading.enumerate():
     if thread is threading.current_thread() or thread.ident is None:
@@ -261,9 +250,8 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile, h
   exp = experiment.create(config, special, word_starts=prepared.word_starts if prepared else None)
   batch_size, seq_len = config.train.batch_size, config.data.seq_len
   result = dict(config=name, device=device.device_kind, platform=device.platform,
-                num_devices=len(exp.sharded.mesh.devices.flat),
-                batch=batch_size, seq_len=seq_len, dtype=config.model.dtype, remat=config.model.remat,
-                attention_impl=exp.model.config.attention_impl,
+                num_devices=len(exp.sharded.mesh.devices.flat), batch=batch_size, seq_len=seq_len,
+                dtype=config.model.dtype, remat=config.model.remat, attention_impl=exp.model.config.attention_impl,
                 attention_kernel=(modeling.fused_kernel(config.model.dtype) or "xla"
                                   if exp.model.config.attention_impl == "fused" else "einsum"),
                 step_flops=exp.step_flops, jax=jax.__version__)
@@ -272,13 +260,12 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile, h
     if prepared is None:
       raise ValueError("--host_loop reads the prepared data: give --data_dir (or --pipeline with data.data_dir)")
     result.update(time_host_loop(exp, prepared, steps, warmup))
+    threads = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in result["other_threads_cpu_s"].items())
     print(f"{name}: the loop's host work at batch {batch_size} x {seq_len}, {result['steps_per_dispatch']} steps a "
-          "dispatch: "
-          f"{result['host_step_time_s'] * 1e3:.2f} ms a step (median {result['host_step_median_s'] * 1e3:.2f}, "
-          f"a log dispatch {(result['host_log_dispatch_time_s'] or 0) * 1e3:.1f}, "
-          f"CPU {result['host_cpu_time_s'] * 1e3:.2f}, waiting for input {result['input_wait_s'] * 1e3:.2f}); other "
-          "threads' CPU a step: " + ", ".join(f"{k} {v * 1e3:.2f} ms"
-                                              for k, v in result["other_threads_cpu_s"].items()))
+          f"dispatch: {result['host_step_time_s'] * 1e3:.2f} ms a step (median {result['host_step_median_s'] * 1e3:.2f}"
+          f", a log dispatch {(result['host_log_dispatch_time_s'] or 0) * 1e3:.1f}, CPU "
+          f"{result['host_cpu_time_s'] * 1e3:.2f}, waiting for input {result['input_wait_s'] * 1e3:.2f}); other "
+          f"threads' CPU a step: {threads}")
     print(json.dumps(result))
     return
   result.update(time_steps(exp, config, special, prepared, steps, warmup, profile))
@@ -288,16 +275,13 @@ def main(config, steps, warmup, data_dir, pipeline, pipeline_batches, profile, h
   if pipeline:
     result.update(time_pipeline(config, prepared, pipeline_batches))
   print(f"{name}: batch {batch_size} x {seq_len} {config.model.dtype} {result['attention_impl']} attention "
-        f"({result['attention_kernel']}) on "
-        f"{result['num_devices']} x {device.device_kind}  init {result['init_s']:.1f} s  "
-        f"compile {result['compile_s']:.1f} s  "
-        f"step {result['step_time_s'] * 1e3:.1f} ms  {result['tokens_per_sec']:.0f} tok/s  "
-        f"(as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms; "
-        f"on device-resident batches: {result['loop_resident_step_time_s'] * 1e3:.1f} ms)  "
-        f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  "
-        f"peak memory {result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB  "
-        f"{result['param_arrays']} parameter arrays, {result['fusions']} fusions in "
-        f"{result['hlo_instructions']} instructions")
+        f"({result['attention_kernel']}) on {result['num_devices']} x {device.device_kind}  init {result['init_s']:.1f}"
+        f" s  compile {result['compile_s']:.1f} s  step {result['step_time_s'] * 1e3:.1f} ms  "
+        f"{result['tokens_per_sec']:.0f} tok/s  (as the loop drives it: {result['loop_step_time_s'] * 1e3:.1f} ms; on "
+        f"device-resident batches: {result['loop_resident_step_time_s'] * 1e3:.1f} ms)  "
+        f"{result['tflops_per_device']:.3f} TFLOP/s/device  mfu {result['mfu']}  peak memory "
+        f"{result.get('peak_memory_bytes', 0) / 2**20:.0f} MiB  {result['param_arrays']} parameter arrays, "
+        f"{result['fusions']} fusions in {result['hlo_instructions']} instructions")
   print(json.dumps(result))
 
 

@@ -72,8 +72,8 @@ def _require(command: str, own: Sequence[flags.FlagHolder], needs: Sequence[str]
 
 def run(command: str, doc: str, main: Callable[..., object], own: Sequence[flags.FlagHolder],
         required: Sequence[str] = (), needs: Sequence[str] = ()):
-  """Runs `main(**{name: value of each flag in own})` as `command` (an absl app); `needs`: the optional packages it
-  cannot run without. Commands define `own` in run(), never at import, so that one process can import several."""
+  """Runs `main(**{name: value of each flag in own})` as `command`; `needs`: the optional packages it needs. Commands
+  define `own` in run(), never at import, so that one process can import several."""
   storage.initialize()  # before any file is touched
   flags.mark_flags_as_required(required)
 

@@ -24,16 +24,9 @@ from electra_jax.run import workdir as workdir_lib
 from electra_jax.runtime import packages, storage
 
 
-def _identity(corpus, tok, num_shards: int) -> dict:
-  # A shard count asked for is part of what is built; 0, the default count, adds nothing: earlier datasets are found.
-  return {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path),
-          **({"num_shards": num_shards} if num_shards else {})}
-
-
 def build(config, beam_options: str = "", repair: bool = False) -> prepared.PreparedData:
   """Tokenizer, then packed examples, for config.data (the one writer of prepared data); a no-op when they exist for
-  the same inputs and shard sizes. `beam_options`: made by Beam. `repair`: every shard read whole, a damaged one
-  rebuilt."""
+  the same inputs and shard sizes. `beam_options`: made by Beam. `repair`: every shard read, a damaged one rebuilt."""
   packages.require("tensorflow", "electra-prepare (TFDS writes datasets with it)")
   if beam_options:
     packages.require("apache_beam", "electra-prepare --beam_pipeline_options")
@@ -66,7 +59,9 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
   tok = tokenizer_lib.Tokenizer(tok_path)
   tok.check_vocab_size(data.vocab_size)
 
-  identity = _identity(corpus, tok, data.num_shards)
+  # A shard count asked for is part of what is built; 0, the default count, adds nothing: earlier datasets are found.
+  identity = {"corpus": corpus.fingerprint(), "tokenizer_sha256": prepared.fingerprint(tok.path),
+              **({"num_shards": data.num_shards} if data.num_shards else {})}
   path = epath.Path(prepared.dataset_dir(config))
   recorded = None  # the shards' records of a damaged dataset rebuilt with the same inputs
   if (path / "dataset_info.json").exists():
@@ -84,7 +79,7 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
       return prepared.load(config)
     path.rmtree()
   tfds.disable_progress_bar()  # ours has an ETA
-  # A gs:// dataset is built locally (on Beam: in a gs:// directory of its own), then copied with dataset_info.json last.
+  # A gs:// dataset is built locally (on Beam: in a gs:// directory of its own), then copied, dataset_info.json last.
   remote = storage.is_remote(data.data_dir)
   staging = storage.temp_path(path) if remote and beam_options else None
   with tempfile.TemporaryDirectory() as nothing_to_download, tempfile.TemporaryDirectory() as local:
@@ -99,8 +94,7 @@ def build(config, beam_options: str = "", repair: bool = False) -> prepared.Prep
                                    download_config=pretraining.DownloadConfig(
                                        num_shards=data.num_shards or None, beam_options=beam_options or None))
       if remote:
-        if path.exists():
-          path.rmtree()  # what a killed copy left: no dataset_info.json, so never read
+        path.rmtree(missing_ok=True)  # what a killed copy left: no dataset_info.json, so never read
         storage.copy_tree(builder.data_path, path, last="dataset_info.json")
   if recorded:
     _compare(os.fspath(path), recorded)
@@ -143,8 +137,7 @@ def define_flags():
           flags.DEFINE_string("beam_pipeline_options", "", "Make the examples with Apache Beam (the `beam` extra), "
                               "these being its pipeline options: name=value,... e.g. runner=DirectRunner,"
                               "direct_num_workers=2,direct_running_mode=multi_processing (docs/data.md)."),
-          flags.DEFINE_boolean("repair", False, "Read every shard of the dataset a run with this --config reads, "
-                               "as electra-check does, and rebuild it if any is damaged.")]
+          flags.DEFINE_boolean("repair", False, "Read every shard of this --config's dataset, rebuild if damaged.")]
 
 
 def main(config, beam_pipeline_options, repair):
