@@ -166,7 +166,7 @@ class TrainIterator(collections.abc.Iterator):
     self._global_batch = global_batch_size
     self._lanes = lanes(reader.shard_lengths, global_batch_size)
     self._lane_length = min(length for _, length in self._lanes)
-    per_host = _per_host(global_batch_size, process_count)
+    _, _, per_host = _share(global_batch_size, process_index, process_count)
     rows = np.arange(process_index * per_host, (process_index + 1) * per_host)
     self._lane, self._row = np.divmod(rows, global_batch_size // len(self._lanes))  # each row's lane, place in it
     if reader.remote and process_index == 0 and len(self._lanes) % process_count:  # one line per run
@@ -225,21 +225,19 @@ def lanes(shard_lengths: list[int], global_batch_size: int) -> list[tuple[int, i
   return [(int(starts[l * per_lane]), int(starts[(l + 1) * per_lane] - starts[l * per_lane])) for l in range(count)]
 
 
-def _hosts(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-  return (jax.process_index() if process_index is None else process_index,
-          jax.process_count() if process_count is None else process_count)
-
-
-def _per_host(batch_size: int, process_count: int) -> int:
-  if batch_size % process_count:
-    raise ValueError(f"train.batch_size={batch_size} is not divisible by the {process_count} hosts")
-  return batch_size // process_count
+def _share(batch_size: int, process_index: int | None, process_count: int | None) -> tuple[int, int, int]:
+  """(this host's index, the host count (default: JAX's), its rows of each batch)."""
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if batch_size % count:
+    raise ValueError(f"train.batch_size={batch_size} is not divisible by the {count} hosts")
+  return index, count, batch_size // count
 
 
 def train_iterator(config, prepared, state: dict | None = None, process_index: int | None = None,
                    process_count: int | None = None) -> TrainIterator:
   """This host's training batches (global train.batch_size / process_count each), from `state` if given."""
-  index, count = _hosts(process_index, process_count)
+  index, count, _ = _share(config.train.batch_size, process_index, process_count)
   return TrainIterator(Reader(prepared.dataset_dir), config.train.batch_size, config.train.seed, index, count,
                        state=state)
 
@@ -262,8 +260,7 @@ def validation_batches(config, prepared, process_index: int | None = None, proce
                        num_batches: int | None = None, reader: Reader | None = None) -> Iterator[dict[str, np.ndarray]]:
   """This host's rows of the validation batches, in a fixed order, once: at most `num_batches` (default
   train.eval_batches; 0 = all full batches), the same number on every host. `reader`: one kept open across calls."""
-  index, count = _hosts(process_index, process_count)
-  per_host = _per_host(config.train.batch_size, count)
+  index, _, per_host = _share(config.train.batch_size, process_index, process_count)
   reader = reader or Reader(prepared.dataset_dir, "validation")
   available = reader.num_examples // config.train.batch_size
   num_batches = config.train.eval_batches if num_batches is None else num_batches
