@@ -4,10 +4,9 @@
   electra-pretrain --config=configs/demo.py --workdir=runs/demo --config.train.num_steps=5000   # continue it longer
   electra-pretrain --config=configs/tiny.py --workdir=runs/tiny --config.train.num_steps=20 --config.mesh.fsdp=2
 
-Prepare the data first with electra-prepare and the same --config (and --config.data.* overrides). SIGTERM or Ctrl-C
-saves the current step and exits 0; bad input (flags, config, data, workdir, checkpoint) or a NaN/Inf loss exits 1
-with one line "electra-pretrain: error: ..." on stderr. A corrupt checkpoint is passed over, with a warning, for
-the newest intact one. See docs/reliability.md.
+Prepare the data first with electra-prepare and the same --config. SIGTERM or Ctrl-C saves the current step and exits
+0; bad input or a NaN/Inf loss exits 1 with one line "electra-pretrain: error: ..." on stderr; a corrupt checkpoint is
+passed over, with a warning, for the newest intact one (docs/reliability.md).
 """
 import os
 
