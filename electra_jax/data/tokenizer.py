@@ -83,9 +83,7 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     ids = [int(i) for i in ids]
-    if self._sp is not None:
-      return self._sp.decode(ids)
-    return self.wordpiece.decode(ids, skip_special_tokens=False)
+    return self._sp.decode(ids) if self._sp is not None else self.wordpiece.decode(ids, skip_special_tokens=False)
 
   def normalize(self, text: str) -> str:
     """The text as the tokenizer sees it (NFKC, folded spaces): what decode(encode(text)) gives back."""

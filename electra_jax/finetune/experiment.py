@@ -43,18 +43,14 @@ def batch_rows(step: int, seed: int, n: int, batch_size: int) -> np.ndarray:
 
 def learning_rate(configured: float, mc: modeling.ModelConfig) -> float:
   """train.learning_rate, or when 0 the paper's for the encoder's width (docs/finetuning.md, "The recipe")."""
-  if configured:
-    return configured
   hidden = mc.discriminator.hidden_size
-  return 3e-4 if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5
+  return configured or (3e-4 if hidden <= 256 else 1e-4 if hidden <= 768 else 5e-5)
 
 
 def layer_decay(configured: float, mc: modeling.ModelConfig) -> float:
   """train.layer_decay, or when 0 the paper's for the encoder's depth (docs/finetuning.md, "The recipe")."""
-  if configured:
-    return configured
   layers = mc.discriminator.num_layers
-  return 1.0 if layers < 12 else 0.8 if layers < 24 else 0.9
+  return configured or (1.0 if layers < 12 else 0.8 if layers < 24 else 0.9)
 
 
 def recipe(train: ml_collections.ConfigDict, num_steps: int, num_layers: int) -> optim.Recipe:

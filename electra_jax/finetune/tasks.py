@@ -108,9 +108,7 @@ def test_rows(task) -> tuple[list[dict], str] | None:
   """(rows, where from) of task.test_split (TFDS) or task.test_file, or None when neither is set."""
   if task.tfds_name and task.test_split:
     return _tfds_rows(task, task.test_split)
-  if task.test_file:
-    return _file_rows(task.test_file, task, labelled=False), task.test_file
-  return None
+  return (_file_rows(task.test_file, task, labelled=False), task.test_file) if task.test_file else None
 
 
 @dataclasses.dataclass
