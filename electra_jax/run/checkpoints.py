@@ -226,11 +226,9 @@ class Checkpointer:
 
   def _set_aside(self, step: int) -> str:
     path = epath.Path(self.directory) / str(step)
-    target = path.with_name(f"{step}.corrupt")
-    n = 1
-    while target.exists():
+    n = 1  # <step>.corrupt, else <step>.corrupt2, ...
+    while (target := path.with_name(f"{step}.corrupt{n if n > 1 else ''}")).exists():
       n += 1
-      target = path.with_name(f"{step}.corrupt{n}")
     if jax.process_index() == 0:
       path.rename(target)
     if jax.process_count() > 1:

@@ -106,8 +106,7 @@ class Writer:
 
 
 class RemoteLog:
-  """A file on gs:// that grows by appends composed by Cloud Storage, uploaded whole every MAX_PARTS appends
-  (docs/launch.md, "Cloud Storage")."""
+  """A file on gs:// that grows by composed appends, uploaded whole every MAX_PARTS (docs/launch.md, Cloud Storage)."""
   MAX_PARTS = 512
 
   def __init__(self, path, binary: bool = False):

@@ -22,8 +22,7 @@ GOOGLE_PCI_VENDOR = "0x1ae0"
 
 
 def accelerator_attached() -> bool:
-  """Whether this host has a TPU (/dev/accel*, VFIO groups, a Google PCI device that is neither network nor disk) or
-  a GPU."""
+  """Whether this host has a TPU (/dev/accel*, VFIO groups, a Google PCI device but a NIC or disk) or a GPU."""
   vfio_groups = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p) != "vfio"]
   google_pci_classes = [storage.read_local(os.path.join(os.path.dirname(vendor), "class"))
                         for vendor in glob.glob("/sys/bus/pci/devices/*/vendor")
