@@ -94,9 +94,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       batch_size=128,  # global, across all hosts and devices
       grad_accum_steps=1,  # micro-batches a step, one update: less activation memory (docs/pretraining_features.md)
       optimizer="adamw",  # adamw | official (the official code's: Adam without bias correction); optim.py
-      # Clipping and Adam over flat vectors of all weights on GPUs and CPUs (not TPUs): fewer kernels, the same update;
-      # the optimiser state's layout differs, so a run resumes with the value and mesh.fsdp it started with (optim.py).
-      flat_update=True,
+      flat_update=True,  # flat clipping and Adam (not on TPUs): fewer kernels; a run resumes with its value and fsdp
       learning_rate=5e-4,
       warmup_steps=10_000,
       weight_decay=0.01,

@@ -145,8 +145,7 @@ def int_batch(sharding, batch: int, seq_len: int, steps: int = 1, **extra) -> di
   return {k: jax.ShapeDtypeStruct((*lead, *shape), dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
-# A compiled step's kernels: XLA:GPU launches one for each fusion, custom call, copy and collective of the ENTRY
-# computation, and of a while loop's body at each trip; instructions that launch nothing are not counted.
+# XLA:GPU launches a kernel per fusion, custom call, copy and collective of ENTRY, and of a loop's body each trip.
 KERNEL_KINDS = ("gemm", "cudnn", "elementwise", "reduction", "triton", "rng", "collective", "copy", "other")
 _NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "opt-barrier",
               "partition-id", "replica-id", "add-dependency", "all-reduce-done", "all-gather-done",
