@@ -63,11 +63,8 @@ def disc_loss(logits: jax.Array, labels: jax.Array, weights: jax.Array):
   labels_f = labels.astype(jnp.float32)
   nll = -(labels_f * jax.nn.log_sigmoid(logits) + (1 - labels_f) * jax.nn.log_sigmoid(-logits))
   predicted = logits > 0
-  counts = dict(
-      disc_true_positives=((predicted & labels) * weights).sum(),
-      disc_predicted_positives=(predicted * weights).sum(),
-      disc_label_positives=(labels * weights).sum(),
-  )
+  counts = dict(disc_true_positives=((predicted & labels) * weights).sum(),
+                disc_predicted_positives=(predicted * weights).sum(), disc_label_positives=(labels * weights).sum())
   return weighted_mean(nll, weights), weighted_mean((predicted == labels).astype(jnp.float32), weights), counts
 
 
