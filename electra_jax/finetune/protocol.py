@@ -1,6 +1,6 @@
-"""electra-finetune's runs: one, or the paper's protocol: a run (a workdir under run_dir) for every (learning rate,
-seed), the rate chosen on the dev fold and the eval split reported at it as the median (min-max) over seeds
-(docs/finetuning.md, "The paper's protocol: seeds × learning rates")."""
+"""electra-finetune's runs: one, or the paper's protocol: a run (workdir WORKDIR/lr<rate>/seed<seed>) for every
+(learning rate, seed), the rate chosen on the dev fold and the eval split reported at it as the median (min-max) over
+seeds (docs/finetuning.md, "The paper's protocol: seeds × learning rates")."""
 import io
 import json
 import statistics
@@ -19,10 +19,6 @@ TABLE_FILE = "protocol.md"
 CURVES_FILE = "dev_curves.png"
 
 
-def run_dir(workdir: str, rate: float, seed: int) -> str:
-  return f"{workdir}/lr{rate:g}/seed{seed}"
-
-
 def check(ft: ml_collections.ConfigDict, seeds: list[int], rates: list[float]):
   if not seeds or not rates:
     raise ValueError("the protocol needs at least one seed and one learning rate")
@@ -33,13 +29,10 @@ def check(ft: ml_collections.ConfigDict, seeds: list[int], rates: list[float]):
   packages.require("matplotlib", "the protocol's dev-curve plot")
 
 
-def spread(values: list[float]) -> dict:
-  return dict(median=statistics.median(values), min=min(values), max=max(values))
-
-
 def summarize(runs: dict[float, list[dict]], metric: str) -> dict:
   """The rate chosen on dev (the best median over seeds of the selected models' dev `metric`; without a dev fold the
   only rate) and, per rate, the dev median and every eval metric's median, min and max over seeds."""
+  spread = lambda values: dict(median=statistics.median(values), min=min(values), max=max(values))
   by_rate = {}
   for rate, results in runs.items():
     names = [k for k, v in results[0].items() if k in results[0].get("eval_metrics", ())]
@@ -88,8 +81,8 @@ def run(ft: ml_collections.ConfigDict, workdir: str, seeds: list[int], rates: li
   seeds, rates = seeds or [ft.train.seed], rates or [ft.train.learning_rate]
   if protocol:
     check(ft, seeds, rates)
-  plans = [plan_lib.resolve(ft, run_dir(workdir, rate, seed) if protocol else workdir, rate, seed) for rate in rates
-           for seed in seeds]
+  plans = [plan_lib.resolve(ft, f"{workdir}/lr{rate:g}/seed{seed}" if protocol else workdir, rate, seed)
+           for rate in rates for seed in seeds]
   by_rate = {}
   for plan in plans:
     rate = plan.ft.train.learning_rate
