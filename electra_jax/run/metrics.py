@@ -74,20 +74,18 @@ class Writer:
 
   def _drain(self):
     while (record := self._queue.get()) is not None:
-      if self._error is None:
-        try:
-          self._append(record)
-        except Exception as e:  # pylint: disable=broad-except  (raised on the caller's thread)
-          self._error = e
-
-  def _append(self, record: dict):
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
-    values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in record.items()
-              if k != "step" and v is not None]
-    self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
-                                         summary=summary_pb2.Summary(value=values)))
-    self._tb.flush()
+      if self._error is not None:
+        continue
+      try:
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in record.items()
+                  if k != "step" and v is not None]
+        self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=record["step"],
+                                             summary=summary_pb2.Summary(value=values)))
+        self._tb.flush()
+      except Exception as e:  # pylint: disable=broad-except  (raised on the caller's thread)
+        self._error = e
 
   def _raise(self):
     if self._error is not None:  # a failed writer stays failed: later records are dropped, not half-written

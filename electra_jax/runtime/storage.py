@@ -125,10 +125,7 @@ def file_sizes(directory) -> dict[str, int]:
 
 def copy_tree(src, dst, last: str | None = None):
   """Copies every file under `src` to `dst` (between any two stores), the relative path `last` after the rest."""
-  files = sorted(file_sizes(src))
-  if last in files:
-    files = [f for f in files if f != last] + [last]
-  for f in files:
+  for f in sorted(file_sizes(src), key=lambda f: (f == last, f)):
     target = epath.Path(dst) / f
     if not is_remote(target):
       target.parent.mkdir(parents=True, exist_ok=True)
