@@ -186,8 +186,6 @@ class Tuning:
     hf_heads.save(s.mc, sharding.to_host(params), s.head.names, s.tokenizer_path, s.pad_id, best)
     splits = [("eval", s.eval, eval_outputs)]
     splits += [("test", s.test, s.outputs(params, s.test.examples, self.ahead.result()))] if s.test is not None else []
-    for name, split, outputs in splits:
-      if jax.process_index() == 0:
-        rows = s.head.prediction_rows(split, outputs)
-        storage.write(epath.Path(self.workdir) / f"predictions_{name}.jsonl",
-                      "".join(json.dumps(r) + "\n" for r in rows))
+    for name, split, outputs in splits if jax.process_index() == 0 else ():  # every process computed the outputs
+      storage.write(epath.Path(self.workdir) / f"predictions_{name}.jsonl",
+                    "".join(json.dumps(r) + "\n" for r in s.head.prediction_rows(split, outputs)))
