@@ -23,8 +23,7 @@ def lengthen_retries(seconds: float):
 
 
 def restart_lost_uploads():
-  """Makes gcsfs start an upload again when the store no longer knows its session (a 404: a restarted store, or an
-  outage) and none of its bytes was accepted yet (any file under gcsfs's block size), rather than fail a save."""
+  """Makes gcsfs start an upload again whose session the store lost (a 404) while all its bytes are at hand."""
   from gcsfs.core import GCSFile  # pylint: disable=g-import-not-at-top
   upload_chunk = getattr(GCSFile._upload_chunk, "__wrapped__", GCSFile._upload_chunk)
 

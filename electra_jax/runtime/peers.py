@@ -20,10 +20,10 @@ FAILED = "failed: "  # then the error's first line: a process whose loop raised 
 
 
 class Watchdog:
-  """Use as a context manager around a multi-process loop; `lost(message)` runs, then the process exits 1."""
+  """Use as a context manager around a multi-process loop: a lost peer ends the process in one line, exit 1, after
+  `on_lost()` (what to release: the lock); `saved()`: the newest complete checkpoint, in words."""
 
   def __init__(self, timeout_s: float, command: str, saved: Callable[[], str], on_lost: Callable[[], object]):
-    """saved(): the newest complete checkpoint, in words. on_lost(): what to release before exiting (the lock)."""
     self.timeout_s, self.command, self._saved, self._on_lost = timeout_s, command, saved, on_lost
     self._stop = threading.Event()
     self._ended = None  # DONE once the loop finished: what the heartbeat says from then on
