@@ -19,10 +19,8 @@ OPTIMIZERS = ("adamw", "official")
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
   """adamw's: linear warm-up to `peak`, then linear decay to 0 at total_steps."""
   warmup_steps = max(1, min(warmup_steps, total_steps))
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warmup_steps),
-       optax.linear_schedule(peak, 0.0, max(1, total_steps - warmup_steps))],
-      [warmup_steps])
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps),
+                               optax.linear_schedule(peak, 0.0, max(1, total_steps - warmup_steps))], [warmup_steps])
 
 
 def official_schedule(peak: float, warmup_steps: float, total_steps: int, power: float = 1.0) -> optax.Schedule:
