@@ -9,8 +9,6 @@ from etils import epath
 from electra_jax.data import input_pipeline, integrity, prepared
 from electra_jax.data import tokenizer as tokenizer_lib
 
-SPLITS = ("train", "validation")
-
 
 @dataclasses.dataclass
 class Report:
@@ -39,7 +37,7 @@ def verify(dataset: str) -> tuple[list[str], int, int]:
   """(one line per problem, shards, examples) of a dataset read whole: what electra-check and prepare --repair find."""
   problems, shards, examples = [], 0, 0
   recorded = prepared.metadata(dataset).get("stats", {})
-  for split in SPLITS:
+  for split in ("train", "validation"):
     reader = input_pipeline.Reader(dataset, split, fail_fast=False)
     for s in range(len(reader.shard_lengths)):
       try:
