@@ -19,8 +19,7 @@ METRICS = ("f1", "exact_match")
 
 def _text(value, name: str, where: str) -> str:
   if not isinstance(value, str) or not value.strip():
-    raise ValueError(f"{where}: {name} is {task_rows.kind(value) if not isinstance(value, str) else 'blank'}, not a "
-                     "text")
+    raise ValueError(f"{where}: {name} is {'blank' if isinstance(value, str) else task_rows.kind(value)}, not a text")
   return value
 
 
