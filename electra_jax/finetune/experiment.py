@@ -144,7 +144,7 @@ def make_setup(ft: ml_collections.ConfigDict, init: sources.Source | None, token
     raise ValueError(f"tokenizer {tokenizer_path} has {tok.vocab_size} tokens but the model's vocabulary has "
                      f"{src_mc.vocab_size}")
   seq_len = min(ft.seq_len, src_mc.max_position_embeddings)
-  head, train, eval_, test = head_type(ft.task).load(ft.task, tok, seq_len)
+  head, train, eval_, test = head_type(ft.task).from_task(ft.task, tok, seq_len)
   metric = tasks.selection_metric(ft.task, head.selectable)
   rest, dev = tasks.carve(train.size, ft.task.dev_fraction, ft.task.num_train_examples, ft.task.split_seed)
   train, dev = head.take(train, rest), head.take(train, dev) if len(dev) else None

@@ -52,7 +52,7 @@ class Classification(Head):
   module: ClassVar = model_lib.Classifier
 
   @classmethod
-  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+  def from_task(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
     """(head, train, eval, test or None) of the task's rows."""
     train, eval_, test, names = tasks.make_examples(task, tok, seq_len)
     return cls(names), Split(None, train), Split(None, eval_), None if test is None else Split(None, test)
@@ -97,7 +97,7 @@ class Tagging(Head):
     return (batch, seq_len), np.int32  # a tag per piece (IGNORE but at words' first pieces)
 
   @classmethod
-  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+  def from_task(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
     """(head, train, eval, test or None) of task.train_file, eval_file and test_file: JSONL or column files."""
     splits = _read_files(task, lambda path, labelled: token_tasks.read_rows(path, task.tokens_field, task.tags_field,
                                                                             labelled))
@@ -138,7 +138,7 @@ class QA(Head):
     return (batch, 2), np.int32  # the answer's start and end pieces
 
   @classmethod
-  def load(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
+  def from_task(cls, task, tok: tokenizer_lib.Tokenizer, seq_len: int):
     """(head, train, eval, test or None) of task.train_file, eval_file and test_file: SQuAD v1.1 JSON."""
     encode = lambda rows: Split(rows, qa.encode(tok, rows, seq_len, task.doc_stride, task.max_query_length))
     return (cls(None, task.max_answer_length, task.n_best_size),
