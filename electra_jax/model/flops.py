@@ -1,11 +1,5 @@
-"""One training step's FLOPs per objective, and the throughput, TFLOP/s and MFU they make over a measured time.
-
-FLOPs of one training step (forward + backward = 3 × forward; a multiply-add is 2 FLOPs):
-  6 · N_matmul · tokens for each network's dense layers (embedding lookups are gathers, not matmuls),
-  + 12 · layers · L² · hidden · B for non-causal self-attention (QKᵀ and PV),
-  + 6 · (hidden·emb + emb·vocab) · B·P for an MLM head, applied only at the P masked positions per sequence
-    (All-Tokens MLM applies it at every position).
-"""
+"""One training step's FLOPs per objective, and the throughput, TFLOP/s and MFU they make over a measured time (the
+formulas: docs/benchmarks.md, "How the figures are computed")."""
 from typing import NamedTuple
 
 import jax

@@ -479,13 +479,9 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 class Electra(nn.Module):
-  """Every parameter of an ELECTRA run, with one method per forward pass. Parameter tree by embedding_sharing:
-    shared: embeddings, generator, discriminator   (one embedding block serves both networks)
-    untied: generator_embeddings, discriminator_embeddings, generator, discriminator
-    gdes:   as untied, with discriminator_embeddings/word_embeddings_delta in place of its own word table
-    all:    embeddings, discriminator              (the generator *is* the discriminator's encoder)
-  plus generator_head, discriminator_head and discriminator_mlm_head (D as a masked LM). Init creates only what the
-  methods it runs use (objectives.py picks them per objective), so objective=mlm carries no generator."""
+  """Every parameter of an ELECTRA run, with one method per forward pass; the tree per objective.embedding_sharing is
+  docs/pretraining_features.md's ("Embedding sharing"). Init creates only what the methods it runs use (objectives.py
+  picks them per objective), so objective=mlm carries no generator."""
   config: ModelConfig
 
   def setup(self):

@@ -1,14 +1,6 @@
-"""The losses of ELECTRA and of the paper's baselines and ablations, made of losses.py's pieces. OBJECTIVES holds one
-entry per objective.name (its loss, the parameters it initialises, its step's FLOPs); ObjectiveConfig is the objective
-section as the step reads it.
-
-  electra         L_MLM(G) + λ·L_Disc(D), the discriminator loss over every non-pad token
-  electra_15      as electra, but L_Disc only over the masked positions
-  mlm             BERT: D-sized masked LM with the 80/10/10 recipe; no generator
-  replace_mlm     G as in electra; D is a masked LM whose masked inputs are G's samples instead of [MASK]
-  all_tokens_mlm  as replace_mlm, but D predicts every token, with the paper's copy mechanism
-  two_stage       the paper's two-stage ELECTRA (Sec. 3.2, two_stage.py): G alone, then D from G on G's samples
-  uniform_replacement  λ·L_Disc(D) on tokens drawn uniformly from the vocabulary: no generator"""
+"""The losses of ELECTRA and of the paper's baselines and ablations (docs/pretraining_features.md, "Objectives"), made
+of losses.py's pieces. OBJECTIVES holds one entry per objective.name (its loss, the parameters it initialises, its
+step's FLOPs); ObjectiveConfig is the objective section as the step reads it."""
 import dataclasses
 import functools
 from typing import Callable
