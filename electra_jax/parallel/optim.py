@@ -1,9 +1,7 @@
-"""The optimiser of pre-training and fine-tuning: Adam (β=(0.9, 0.999), ε=1e-6), decoupled weight decay 0.01 except on
-LayerNorm and biases, global-norm clipping at 1.0, in one of two recipes (train.optimizer): adamw, optax's AdamW (a
-linear warm-up handing over to a linear decay to 0), or official, the official ELECTRA code's (Adam without bias
-correction, lr = peak · min(1, step / warmup) · (1 - step / total)). Either can run clipping and Adam over flat
-vectors of all weights (train.flat_update; FlatLayout): a few kernels where per array an encoder takes hundreds; the
-moments are then flat in the checkpoint. Recipe (a train section, frozen) and build make it; layer-wise rates too."""
+"""The optimiser of pre-training and fine-tuning (train.optimizer): adamw, optax's AdamW with a linear warm-up and decay,
+or official, the official ELECTRA code's (Adam without bias correction, its schedule; docs/fidelity.md); both decay
+every weight but LayerNorm's and biases and clip the global norm, per array or over flat vectors of all weights
+(train.flat_update; FlatLayout). Recipe (a train section, frozen) and build make it; layer-wise rates too."""
 import dataclasses
 import re
 
