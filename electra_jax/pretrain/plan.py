@@ -66,7 +66,6 @@ def resolve(config: ml_collections.ConfigDict, workdir: str, allow_config_change
   train = config.train
   resume_step = checkpoints.latest_step(workdir)
   config, init = sources.init_source(config, resuming=resume_step is not None)
-  # The data found from data_dir and seq_len: config.json records the settings it was prepared with.
   config, data = prepared_lib.find(config)
   workdir_lib.check_writable(workdir)
   saved = workdir_lib.saved_config(workdir)

@@ -78,8 +78,6 @@ def load_config(workdir: str, schema=config_lib.base) -> ml_collections.ConfigDi
     raise ValueError(f"{path} is not a valid config ({e})") from e
 
 
-# --- One writer per workdir ------------------------------------------------------------------------------------------
-
 LOCK_FILE = ".lock"
 HEARTBEAT_S = 10  # how often the holder rewrites its lock
 STALE_S = 300  # a lock of another machine that stays unchanged this long, while a newcomer watches, is taken over
