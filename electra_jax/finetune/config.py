@@ -28,11 +28,9 @@ def base_config() -> ml_collections.ConfigDict:
       test_file="",  # rows to predict (labels, if any, unused): predictions_test.jsonl
       tfds_name="",  # e.g. glue/sst2, read from tfds_data_dir without downloading
       tfds_data_dir="",
-      train_split="train",
-      eval_split="validation",
+      train_split="train", eval_split="validation",
       test_split="",  # e.g. test: predicted into predictions_test.jsonl (GLUE's test labels are -1)
-      text_field="text",
-      text_b_field="",  # set for sentence-pair tasks
+      text_field="text", text_b_field="",  # text_b_field: a sentence pair's second text
       label_field="label",
       eval_fraction=task_rows.EVAL_FRACTION,  # of the training rows, held out (seeded) without eval rows
       split_seed=task_rows.SPLIT_SEED,
@@ -56,9 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
       min_steps=1000,  # updates at least: a few hundred leave a classifier at the majority class
       patience=3,  # with a dev fold, stop once this many evaluations past min_steps did not beat the best; 0 = never
       reinit_layers=0,  # the top k encoder layers re-initialised from train.seed (Zhang et al., ICLR 2021)
-      warmup_fraction=0.1,
-      dropout_rate=0.1,
-      seed=0,
+      warmup_fraction=0.1, dropout_rate=0.1, seed=0,
       log_every=50,
       eval_every=0,  # and at the end; 0 = with a dev fold every epoch or 5% of the steps (the longer), else at the end
       checkpoint_every=500,  # steps between checkpoints (a run resumes from the latest)

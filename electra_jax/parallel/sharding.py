@@ -22,14 +22,8 @@ BATCH = ("data", "fsdp")
 
 RULES = (
     ("batch", BATCH),
-    ("vocab", "fsdp"),
-    ("hidden", "fsdp"),
-    ("embed", None),
-    ("mlp", None),
-    ("qkv", None),
-    ("length", None),
-    ("act_embed", None),
-    ("act_hidden", None),
+    ("vocab", "fsdp"), ("hidden", "fsdp"),  # weights
+    ("embed", None), ("mlp", None), ("qkv", None), ("length", None), ("act_embed", None), ("act_hidden", None),
     ("shards", "fsdp"),  # the flat update's matrix of weight shards, a row per fsdp device (optim.FlatLayout)
 )
 
