@@ -25,8 +25,7 @@ BERT_VOCAB = 30522  # the paper's vocabulary (BERT's uncased WordPiece), for fin
 
 def define_flags():
   return [
-      config_flags.DEFINE_config_file("config", None, "A pre-training or fine-tuning config file (Python, "
-                                      "get_config()).", lock_config=True),
+      config_flags.DEFINE_config_file("config", None, "A pre-training or fine-tuning config file.", lock_config=True),
       flags.DEFINE_string("tpu", None, "The accelerator type, as gcloud names it: v2-8, v3-8, v3-32, v4-8, v4-32, "
                           "v5e-8 (v5litepod-8), v5p-8, v6e-8, ..."),
       flags.DEFINE_string("gpu", None, "NVIDIA GPUs instead of a TPU slice: GPU[:COUNT] with GPU one of "
@@ -122,25 +121,19 @@ def _row(r, model_flops, tokens, n, hbm, peak) -> dict:
   return row
 
 
-COLUMNS = [("step", "step", "{}"), ("arguments", "argument_bytes", "gib"), ("temporaries", "temp_bytes", "gib"),
-           ("code", "code_bytes", "gib"), ("peak", "peak_bytes", "gib"), ("HBM", "hbm_bytes", "gib"),
-           ("XLA TFLOP", "xla_flops", "tflop"), ("model TFLOP", "model_flops", "tflop"),
-           ("est. step", "est_step_s", "{:.4f} s"), ("est. tokens/s", "est_tokens_per_sec", "{:,.0f}"),
-           ("est. MFU", "est_mfu", "{:.1%}"), ("lower", "lower_s", "{:.0f} s"), ("compile", "compile_s", "{:.0f} s")]
+_GIB, _TFLOP = (lambda v: f"{v / 2**30:.2f} GiB"), (lambda v: f"{v / 1e12:.2f}")
+COLUMNS = [("step", "step", str), ("arguments", "argument_bytes", _GIB), ("temporaries", "temp_bytes", _GIB),
+           ("code", "code_bytes", _GIB), ("peak", "peak_bytes", _GIB), ("HBM", "hbm_bytes", _GIB),
+           ("XLA TFLOP", "xla_flops", _TFLOP), ("model TFLOP", "model_flops", _TFLOP),
+           ("est. step", "est_step_s", "{:.4f} s".format), ("est. tokens/s", "est_tokens_per_sec", "{:,.0f}".format),
+           ("est. MFU", "est_mfu", "{:.1%}".format), ("lower", "lower_s", "{:.0f} s".format),
+           ("compile", "compile_s", "{:.0f} s".format)]
 
 
 def _print_table(rows, cols):
-  def cell(row, key, fmt):
-    v = row.get(key)
-    if v is None:
-      return "-"
-    if fmt == "gib":
-      return f"{v / 2**30:.2f} GiB"
-    if fmt == "tflop":
-      return f"{v / 1e12:.2f}"
-    return fmt.format(v)
-
-  table = [[title for title, _, _ in cols]] + [[cell(r, k, f) for _, k, f in cols] for r in rows]
+  """`cols`: (title, key, how a value is written); a missing value is '-'."""
+  table = [[title for title, _, _ in cols]] + [["-" if r.get(k) is None else fmt(r[k]) for _, k, fmt in cols]
+                                               for r in rows]
   widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
   for line in table:
     print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
@@ -182,7 +175,7 @@ def main(config, tpu, gpu, num_slices, encoder):
   _print_table(rows, COLUMNS)
   print()
   _print_table([dict(step=r["step"], total=sum(r["kernels"].values()), **r["kernels"]) for r in rows],
-               [("kernels", "step", "{}")] + [(k, k, "{:,}") for k in (*aot.KERNEL_KINDS, "total")])
+               [("kernels", "step", str)] + [(k, k, "{:,}".format) for k in (*aot.KERNEL_KINDS, "total")])
   train = rows[0]
   compiler = "jax-cuda12-plugin" if gpu else "libtpu"
   result = dict(config=name, **{"gpu" if gpu else "tpu": slice_.name}, devices=n, device_kind=kind,
