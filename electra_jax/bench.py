@@ -36,10 +36,8 @@ def define_flags():
       flags.DEFINE_string("data_dir", None, "Draw token ids from the prepared dataset here (config.data.data_dir)."),
       flags.DEFINE_bool("pipeline", False, "Also time the input pipeline alone on the prepared data."),
       flags.DEFINE_integer("pipeline_batches", 50, "Batches timed with --pipeline."),
-      flags.DEFINE_string("profile", None, f"Also trace {PROFILE_STEPS} steps after the timed window into this "
-                          "directory (TensorBoard, Perfetto or benchmarks/trace_top.py read it)."),
-      flags.DEFINE_bool("host_loop", False, "Time electra-pretrain's loop around a step that costs nothing instead: "
-                        "the host's work a step (needs prepared data; --steps timed after --warmup).")]
+      flags.DEFINE_string("profile", None, f"Also trace {PROFILE_STEPS} steps after the timed window into this dir."),
+      flags.DEFINE_bool("host_loop", False, "Time the host's work in electra-pretrain's loop instead (needs data).")]
 
 
 def config_name() -> str:

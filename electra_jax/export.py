@@ -16,8 +16,7 @@ from electra_jax import cli
 
 def define_flags():
   return [flags.DEFINE_string("workdir", None, "Pre-training workdir to export (config.json + checkpoints/)."),
-          flags.DEFINE_string("output", None, "Directory to write (the discriminator; the generator goes in "
-                              "OUTPUT/generator)."),
+          flags.DEFINE_string("output", None, "Directory to write (the generator goes in OUTPUT/generator)."),
           flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest intact one)."),
           flags.DEFINE_bool("overwrite", False, "Replace OUTPUT if it exists.")]
 

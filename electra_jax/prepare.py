@@ -135,8 +135,7 @@ def define_flags():
   return [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): its data.* settings say "
                                           "what to prepare and where.", lock_config=True),
           flags.DEFINE_string("beam_pipeline_options", "", "Make the examples with Apache Beam (the `beam` extra), "
-                              "these being its pipeline options: name=value,... e.g. runner=DirectRunner,"
-                              "direct_num_workers=2,direct_running_mode=multi_processing (docs/data.md)."),
+                              "under these pipeline options: name=value,... e.g. runner=DirectRunner (docs/data.md)."),
           flags.DEFINE_boolean("repair", False, "Read every shard of this --config's dataset, rebuild if damaged.")]
 
 

@@ -27,10 +27,9 @@ def define_flags():
   return [config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (Python, get_config()): task, "
                                           "init_from, model, training.", lock_config=True),
           flags.DEFINE_string("workdir", None, "Where the run's files go (a run of the same config there resumes)."),
-          flags.DEFINE_list("seeds", [], "The paper's protocol: one run per seed (and learning rate) under "
+          flags.DEFINE_list("seeds", [], "The paper's protocol: a run per seed (and learning rate) under "
                             "WORKDIR/lr<rate>/seed<seed>, reported as the median (min-max) over seeds at the rate "
-                            "best on the dev fold (protocol.md, protocol.json, dev_curves.png). Empty: one run, "
-                            "train.seed."),
+                            "best on the dev fold (docs/finetuning.md). Empty: one run, train.seed."),
           flags.DEFINE_list("learning_rates", [], "With --seeds: the rates to choose from on the dev fold (empty: "
                             "train.learning_rate).")]
 

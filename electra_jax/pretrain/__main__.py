@@ -17,13 +17,10 @@ from electra_jax import cli
 
 
 def define_flags():
-  own = [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()): model, data, objective, "
-                                         "training.", lock_config=True),
-         flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go "
-                             "(local or gs://)."),
+  own = [config_flags.DEFINE_config_file("config", None, "Config file (Python, get_config()).", lock_config=True),
+         flags.DEFINE_string("workdir", None, "The run's directory, local or gs:// (the same command resumes it)."),
          flags.DEFINE_bool("allow_config_change", False, "Continue a workdir whose config.json differs from this "
-                           "config (beyond length, cadence and mesh); without it such a workdir is refused as another "
-                           "run's.")]
+                           "config (beyond length, cadence and mesh), not refuse it as another run's.")]
   flags.register_validator("workdir", bool, message="--workdir must name a directory")
   return own
 
