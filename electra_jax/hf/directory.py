@@ -28,8 +28,7 @@ def write_model(out_dir: str, state_dict: dict, hf_config: dict, tokenizer_path:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   save_file(state_dict, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  storage.write(os.path.join(out_dir, "config.json"), json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
   hf_tokenizer.save_tokenizer(tokenizer_path, out_dir, model_max_length)
 
 
@@ -53,8 +52,7 @@ def export(config: ml_collections.ConfigDict, params, output: str, overwrite: bo
       write_model(out_dir, convert.to_hf_state_dict(model_config, params, net),
                   convert.hf_config(model_config, net, tok.special_ids.pad), tokenizer_path,
                   model_config.max_position_embeddings)
-    with open(os.path.join(tmp, RUN_CONFIG_FILE), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    storage.write(os.path.join(tmp, RUN_CONFIG_FILE), config.to_json_best_effort(indent=2))
 
 
 def _read_weights(directory: str) -> dict:

@@ -53,6 +53,5 @@ def save_tokenizer(path: str, out_dir: str, model_max_length: int):
   config = dict(tokenizer_class="PreTrainedTokenizerFast", pad_token=names.pad, unk_token=names.unk,
                 cls_token=names.cls, sep_token=names.sep, mask_token=names.mask, model_max_length=model_max_length,
                 model_input_names=["input_ids", "token_type_ids", "attention_mask"])
-  with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-    json.dump(config, f, indent=2)
+  storage.write(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(config, indent=2))
   storage.copy_file(path, os.path.join(out_dir, VOCAB_FILE if path.endswith(".txt") else SPM_FILE))
