@@ -96,11 +96,8 @@ def parse(path: str) -> tuple[set, list[tuple[int, dict]]]:
 
 def kind(value) -> str:
   """A JSON value's kind, as messages name it."""
-  for types, kind in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"),
-                      (list, "a list")):
-    if isinstance(value, types):
-      return kind
-  return "an object"
+  return next((name for types, name in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"),
+                                        (str, "a string"), (list, "a list")) if isinstance(value, types)), "an object")
 
 
 def split(rows: list, fraction: float, seed: int) -> tuple[list, list]:

@@ -102,9 +102,8 @@ def encode(tok: tokenizer_lib.Tokenizer, rows: list[dict], names: list[str], seq
   for r, (row, (pieces, spans)) in enumerate(zip(rows, tok.encode_with_offsets(texts))):
     ends = np.cumsum([len(t) + 1 for t in row["tokens"]]) - 1  # each word's end in the joined text
     word = np.searchsorted(ends, [b for b, _ in spans], side="right").astype(np.int32)
-    keep = len(pieces)
-    if keep > seq_len - 2:  # cut before the first piece of the first word that does not fit
-      keep = int(np.searchsorted(word, word[seq_len - 2]))
+    # Too long: cut before the first piece of the first word that does not fit.
+    keep = len(pieces) if len(pieces) <= seq_len - 2 else int(np.searchsorted(word, word[seq_len - 2]))
     word = word[:keep]
     ids[r, :keep + 2] = [s.cls] + pieces[:keep] + [s.sep]
     first = np.flatnonzero(np.diff(word, prepend=-1))  # where a new word starts

@@ -294,9 +294,7 @@ class Embeddings(nn.Module):
     self.dropout = Dropout(c.dropout_rate)
 
   def table(self, gdes_base: Optional[jax.Array] = None) -> jax.Array:
-    if gdes_base is None:
-      return self.word_embeddings
-    return jax.lax.stop_gradient(gdes_base) + self.word_embeddings
+    return self.word_embeddings if gdes_base is None else jax.lax.stop_gradient(gdes_base) + self.word_embeddings
 
   def __call__(self, input_ids, segment_ids, *, deterministic: bool, gdes_base: Optional[jax.Array] = None):
     c = self.config

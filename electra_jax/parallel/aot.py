@@ -131,8 +131,7 @@ def _crossing(points: list[tuple[int, int]], level: int) -> float:
   lo, hi = x[0], x[-1]
   if len(points) == 3:
     roots = np.roots(np.polyfit(x, y - level, 2))
-    inside = [r.real for r in roots if abs(r.imag) < 1e-9 and lo < r.real < hi]
-    if inside:
+    if inside := [r.real for r in roots if abs(r.imag) < 1e-9 and lo < r.real < hi]:
       return max(inside)
   (x0, x1), (y0, y1) = x[-2:], y[-2:]
   return x1 + (level - y1) * (x1 - x0) / (y1 - y0) if y1 != y0 else lo
@@ -179,9 +178,7 @@ def _kind(line: str, op: str) -> str:
     return "triton"
   if op == "fusion":
     return {"kLoop": "elementwise", "kInput": "reduction"}.get(re.search(r"kind=(\w+)", line).group(1), "other")
-  if op.startswith(_COLLECTIVES):
-    return "collective"
-  return "copy" if op in ("copy", "copy-start") else "other"
+  return "collective" if op.startswith(_COLLECTIVES) else "copy" if op in ("copy", "copy-start") else "other"
 
 
 def kernel_counts(hlo_text: str) -> dict:
