@@ -68,8 +68,7 @@ def to_hf_state_dict(model_config: modeling.ModelConfig, params, net: str) -> di
   flat = traverse_util.flatten_dict(jax.device_get({k: v for k, v in network.items() if v is not None}))
   pairs = [p for p in _leaf_pairs(getattr(model_config, net), model_config, net)
            if network["head"] is not None or p[0][0] != "head"]
-  unmapped = set(flat) - {p for p, _, _ in pairs}
-  if unmapped:
+  if unmapped := set(flat) - {p for p, _, _ in pairs}:
     raise ValueError(f"{net} parameters with no HF name: {sorted(unmapped)}")
   return {hf: np.ascontiguousarray(np.asarray(flat[p], np.float32).T if t else np.asarray(flat[p], np.float32))
           for p, hf, t in pairs}
@@ -80,12 +79,10 @@ def from_hf_state_dict(model_config: modeling.ModelConfig, state: dict, net: str
   state = {k if k.startswith(("electra.", "discriminator_", "generator_")) else f"electra.{k}": v
            for k, v in state.items()}
   pairs = list(_leaf_pairs(getattr(model_config, net), model_config, net))
-  missing = [hf for _, hf, _ in pairs if hf not in state]
-  if missing:
+  if missing := [hf for _, hf, _ in pairs if hf not in state]:
     raise ValueError(f"{source} lacks {len(missing)} weights of an ELECTRA {net}, e.g. {missing[:3]}")
   ignorable = ("electra.embeddings.position_ids", "generator_lm_head.weight")
-  unused = sorted(set(state) - {hf for _, hf, _ in pairs} - set(ignorable))
-  if unused:
+  if unused := sorted(set(state) - {hf for _, hf, _ in pairs} - set(ignorable)):
     raise ValueError(f"{source} has weights we do not know: {unused[:5]}")
   flat = {p: np.asarray(state[hf], np.float32).T if t else np.asarray(state[hf], np.float32) for p, hf, t in pairs}
   return traverse_util.unflatten_dict(flat)

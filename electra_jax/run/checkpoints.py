@@ -212,8 +212,7 @@ class Checkpointer:
       saved_sums = saved.checksums
       sums, saved_sums = ((checksums(state)["arrays"], saved_sums["arrays"]) if saved_sums.get("kind") == CHECKSUM
                           else (_crc32s(state), saved_sums))  # older checkpoints': CRC-32s, computed on the host
-      differ = sorted(k for k, v in sums.items() if saved_sums.get(k) != v)
-      if differ:
+      if differ := sorted(k for k, v in sums.items() if saved_sums.get(k) != v):
         raise CorruptCheckpointError(step, f"{where} is corrupt: the bytes of {len(differ)} of its {len(sums)} arrays "
                                      f"(e.g. {differ[0]}) differ from the checksums saved with it")
     bad = non_finite(state)
@@ -327,8 +326,7 @@ def _without_read_only_notice():
 
 
 def _first_line(e: BaseException) -> str:
-  # Orbax appends "See full TensorStore details: <a bound method's repr>": noise to a user.
-  text = str(e).strip().split(" See full TensorStore details")[0]
+  text = str(e).strip().split(" See full TensorStore details")[0]  # Orbax's addition: a bound method's repr
   return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 

@@ -60,6 +60,5 @@ def total(workdir: str) -> dict | None:
 def report(workdir: str, split: dict, desc: str):
   """Logs this run's split and, for a resumed workdir, the total over its sessions."""
   logging.info("Time of this %s run: %s", desc, describe(split))
-  overall = total(workdir)
-  if overall:
+  if overall := total(workdir):
     logging.info("Time of %s over its sessions: %s", workdir, describe(overall))

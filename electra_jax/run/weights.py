@@ -38,8 +38,7 @@ def read(source: sources.Source, step: int | None = None, with_params: bool = Tr
   elif with_params:  # the checkpointer passes over (or names, at `step`) a checkpoint that is not finite
     target = None if target is None else dict(params=target)
     return Weights(config, checkpoints.read_state(source.path, config, target, step)["params"], source.tokenizer)
-  bad = checkpoints.non_finite(params) if with_params else []
-  if bad:
+  if bad := (checkpoints.non_finite(params) if with_params else []):
     raise ValueError(f"{source.path} holds non-finite weights (NaN/Inf in {len(bad)} arrays, e.g. {bad[0]}): they "
                      "come from a run that had diverged; export or start from an earlier checkpoint of it")
   return Weights(config, params if with_params else None, source.tokenizer)
