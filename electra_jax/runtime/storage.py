@@ -251,8 +251,6 @@ class LocalCopy:
     return local
 
 
-# --- Temporaries that name their writer ------------------------------------------------------------------------------
-
 def this_host() -> str:
   """This machine, and its pid namespace where there is one (containers sharing a hostname see other pids)."""
   try:
@@ -276,7 +274,9 @@ def process_gone(host: str, pid: int) -> bool:
 
 
 def read_local(path: str) -> str:
-  """A small local file's text, stripped, or '' where it cannot be read (/proc, /sys)."""
+  """A small local file's text, stripped, or '' where it cannot be read (/proc, /sys). Not through epath, which
+  decides once, at its first use, whether gs:// goes through TensorFlow: a command may read these before
+  initialize() has said no."""
   try:
     with open(path, encoding="utf-8") as f:
       return f.read().strip()
