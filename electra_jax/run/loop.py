@@ -216,17 +216,16 @@ class Settings:
 def compile_ahead(targets: Callable[[], list], name: str) -> concurrent.futures.Future:
   """The step `name` of `targets()` (a command's compile_targets, the train step first) and the save's checks of the
   train state, compiled in a thread beside the first train step rather than at the first evaluation and save."""
+  def compile_():
+    (_, _, (state, *_)), *others = targets()
+    checkpoints.compile_checks(state)
+    (_, step, args), = [t for t in others if t[0] == name]
+    return step.lower(*args).compile()
+
   pool = concurrent.futures.ThreadPoolExecutor(1, "compile-ahead")
-  compiled = pool.submit(_compile, targets, name)
+  compiled = pool.submit(compile_)
   pool.shutdown(wait=False)
   return compiled
-
-
-def _compile(targets: Callable[[], list], name: str):
-  (_, _, (state, *_)), *others = targets()
-  checkpoints.compile_checks(state)
-  (_, step, args), = [t for t in others if t[0] == name]
-  return step.lower(*args).compile()
 
 
 def run(body: Body, state: TrainState, step_fn: Callable, rng: jax.Array, settings: Settings, *, desc: str,
