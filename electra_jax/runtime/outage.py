@@ -33,20 +33,16 @@ def answering(timeout: float) -> bool:
     return False
 
 
-def _period(seconds: float) -> float:
-  return min(5.0, seconds / 4)
-
-
 def watch(command: str):
   """From now on, ends this process in one line, exit 1, once the store has not answered for timeout_s()."""
   seconds = timeout_s()
-  gcsfs_private.lengthen_retries(seconds + 2 * _period(seconds))  # past the watcher's line: it ends the command
+  period = min(5.0, seconds / 4)  # between probes
+  gcsfs_private.lengthen_retries(seconds + 2 * period)  # past the watcher's line: it ends the command
   gcsfs_private.restart_lost_uploads()
-  threading.Thread(target=_watch, args=(command, seconds), name="storage-watch", daemon=True).start()
+  threading.Thread(target=_watch, args=(command, seconds, period), name="storage-watch", daemon=True).start()
 
 
-def _watch(command: str, seconds: float):
-  period = _period(seconds)
+def _watch(command: str, seconds: float, period: float):
   answered = time.monotonic()
   while True:
     # A probe before every judgement: a thread held back on a busy host is no silence.
