@@ -80,9 +80,8 @@ class Corpus:
 
   @classmethod
   def from_config(cls, data) -> "Corpus":
-    return cls(text_files=data.text_files, tfds_name=data.tfds_name, tfds_split=data.tfds_split,
-               tfds_text_key=data.tfds_text_key, data_dir=data.data_dir, max_documents=data.max_documents,
-               split_sentences=data.split_sentences, text_field=data.text_field, text_b_field=data.text_b_field)
+    return cls(**{k: data[k] for k in ("text_files", "tfds_name", "tfds_split", "tfds_text_key", "data_dir",
+                                       "max_documents", "split_sentences", "text_field", "text_b_field")})
 
   @property
   def description(self) -> str:
