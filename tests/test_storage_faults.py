@@ -219,3 +219,36 @@ def test_a_copy_whose_upload_session_the_store_lost_midway_is_started_again(tmp_
     assert restarts and store.bucket.blob("shard").download_as_bytes() == data
   finally:
     store.kill()
+
+
+@pytest.mark.parametrize("lost", ["rm_file", "merge"])
+def test_a_log_append_whose_answer_the_store_lost_leaves_the_file_as_written(tmp_path, monkeypatch, lost):
+  """metrics.jsonl and the event files on gs:// grow by a part uploaded beside them, composed onto them and deleted. A
+  request the store did but whose answer it lost is one gcsfs sends again: the part's delete then finds nothing
+  (FileNotFoundError), or the part is composed twice. Either way the file ends as written, and no part is left."""
+  from electra_jax.run import metrics  # pylint: disable=g-import-not-at-top
+  from electra_jax.runtime import storage  # pylint: disable=g-import-not-at-top
+  store = fake_gcs.Server(tmp_path / "gcs", BUCKET)
+  try:
+    for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL"):
+      monkeypatch.setenv(name, store.host)
+    storage.initialize()
+    log = metrics.RemoteLog(f"gs://{BUCKET}/metrics.jsonl")
+    log.write("step 1\n")
+    log.flush()  # the first flush writes the file whole
+    fs = log._fs  # pylint: disable=protected-access  (gcsfs's, whose requests the store is to lose)
+    request, sent = getattr(fs, lost), []
+
+    def done_then_sent_again(*args, **kwargs):
+      sent.append(args)
+      request(*args, **kwargs)  # done by the store, its answer lost
+      return request(*args, **kwargs)
+
+    monkeypatch.setattr(fs, lost, done_then_sent_again)
+    for step in (2, 3):
+      log.write(f"step {step}\n")
+      log.flush()
+    assert sent and store.bucket.blob("metrics.jsonl").download_as_text() == "step 1\nstep 2\nstep 3\n"
+    assert store.names() == {"metrics.jsonl"}
+  finally:
+    store.kill()

@@ -122,16 +122,26 @@ class RemoteLog:
     if not self._buffer:
       return
     self._data += self._buffer
-    if self._parts >= self.MAX_PARTS:
+    if self._parts < self.MAX_PARTS and self._append(self._buffer):
+      self._parts += 1
+    else:
       storage.write(self._path, self._data)
       self._parts = 1
-    else:
-      part = f"{self._key}.part"
-      self._fs.pipe_file(part, self._buffer)
+    self._buffer = b""
+
+  def _append(self, new: bytes) -> bool:
+    """Whether `new`, uploaded beside the file and composed onto it, made the file what was written. Not where the
+    store did a request whose answer it lost and gcsfs retried it: a part composed twice, or deleted and then not
+    found; the file is then written whole."""
+    part = f"{self._key}.part"
+    try:
+      self._fs.pipe_file(part, new)
       self._fs.merge(self._key, [self._key, part])
       self._fs.rm_file(part)
-      self._parts += 1
-    self._buffer = b""
+    except FileNotFoundError:
+      return False
+    self._fs.invalidate_cache(self._key)
+    return self._fs.size(self._key) == len(self._data)
 
   close = flush
 
