@@ -3,8 +3,10 @@
 The subprocesses see the 8 simulated devices and the JAX compilation cache of conftest.py (both are inherited through
 the environment), so only the first of them compiles the step.
 """
+import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -16,12 +18,32 @@ import tensorstore as ts
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def xla_flags(devices: int = 8) -> str:
+def xla_flags(devices: int = 8, exact: bool = False) -> str:
   """XLA_FLAGS for the tests: `devices` simulated CPU devices (0: the host's one) at optimisation level 0, which
-  compiles 3-4x faster: compiling tiny models is most of the suite's time. (XLA:CPU without fusion emitters compiles
-  a third faster still, but its programs run slower and a resumed run was no longer bitwise the straight one.)"""
+  compiles 3-4x faster, and without XLA:CPU's fusion emitters, which halves each compile again: compiling tiny models
+  is most of the suite's time. Two programs of the same steps (k steps a call and one; a step with a debugging branch)
+  then differ in the last bit where XLA's own code generation keeps them equal: `exact` keeps it (the emitters on, as
+  every command runs) for the tests that compare such programs bit for bit."""
   count = f"--xla_force_host_platform_device_count={devices} " if devices else ""
-  return count + "--xla_backend_optimization_level=0"
+  return count + "--xla_backend_optimization_level=0" + ("" if exact else " --xla_cpu_use_fusion_emitters=false")
+
+
+def exactly(fn, *args):
+  """fn(*args) (a module-level function; args and result pickled) in a Python process of its own whose XLA generates
+  code as every command does (xla_flags' `exact`), set up as conftest.py sets up the suite's."""
+  flags = os.environ["XLA_FLAGS"]
+  os.environ["XLA_FLAGS"] = xla_flags(8, exact=True)  # what the new process starts with
+  try:
+    with concurrent.futures.ProcessPoolExecutor(1, multiprocessing.get_context("spawn"), _set_up) as pool:
+      return pool.submit(fn, *args).result()
+  finally:
+    os.environ["XLA_FLAGS"] = flags
+
+
+def _set_up():
+  from electra_jax.runtime import console, startup  # pylint: disable=g-import-not-at-top
+  console.choose_platforms()
+  startup.initialize()
 
 
 def compile_cache(cache_dir) -> dict:

@@ -54,9 +54,14 @@ def _assert_same(a: dict, b: dict):
   assert [a[k] for k in ("results", "predictions", "rows")] == [b[k] for k in ("results", "predictions", "rows")]
 
 
-@jax.threefry_partitionable(True)
 def test_two_steps_a_dispatch_are_two_steps_and_resume(config, tmp_path):
-  """Bit for bit with the random bits accelerators draw (as test_steps_per_dispatch's pre-training runs)."""
+  """Bit for bit with the random bits accelerators draw and the code XLA generates for every command (as
+  test_steps_per_dispatch's pre-training runs)."""
+  pretrain_cli.exactly(_two_steps_are_two_steps, config, tmp_path)
+
+
+@jax.threefry_partitionable(True)
+def _two_steps_are_two_steps(config, tmp_path):
   one = _run(config, tmp_path / "k1", 1)
   assert [r["step"] for r in one["rows"] if "loss" in r] == [2, 4, 6, 8]
   two = _run(config, tmp_path / "k2", 2)

@@ -12,6 +12,7 @@ import pytest
 from electra_jax import config as config_lib
 from electra_jax.pretrain import loop as pretrain_loop
 from electra_jax.run import checkpoints, loop
+from tests import pretrain_cli
 
 
 def _train(tiny_data, workdir, **train) -> tuple:
@@ -24,11 +25,16 @@ def _train(tiny_data, workdir, **train) -> tuple:
   return jax.device_get(state.params), {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-@jax.threefry_partitionable(True)
 def test_k_steps_a_dispatch_are_k_steps(tiny_data, tmp_path):
   """One step a call; two; and four, resumed from the two's checkpoint at step 4: the same weights and losses, bit
   for bit, with the random bits accelerators draw (partitionable threefry, JAX's default; sharding.py turns it off on
-  CPUs, where a multi-device mesh's k steps then differ from k calls in the last bit: docs/pretraining_features.md)."""
+  CPUs, where a multi-device mesh's k steps then differ from k calls in the last bit: docs/pretraining_features.md)
+  and the code XLA generates for every command (pretrain_cli.exactly)."""
+  pretrain_cli.exactly(_k_steps_are_k_steps, tiny_data, tmp_path)
+
+
+@jax.threefry_partitionable(True)
+def _k_steps_are_k_steps(tiny_data, tmp_path):
   params, losses = _train(tiny_data, tmp_path / "k1")
   assert _train(tiny_data, tmp_path / "k2", steps_per_dispatch=2, stable_batch_buffers=True)[1] == losses
   shutil.copytree(tmp_path / "k2", tmp_path / "k4")
