@@ -51,9 +51,10 @@ class Watchdog:
       self._stop.set()
       return
     # Maybe a peer's loss in whatever error wraps it: the error is this process's own once every other process has
-    # shown a heartbeat since (or finished); else the judge ends the process with its line.
-    failed = time.monotonic()
-    while (any(beat != DONE and since <= failed for beat, since in self._seen.values())
+    # written two heartbeats since (the first seen may be the last a killed one wrote, read late) or has ended; else
+    # the judge ends the process with its line.
+    failed, beats = time.monotonic(), {p: _count(beat) for p, (beat, _) in self._seen.items()}
+    while (any(_count(beat) < beats[p] + 2 for p, (beat, _) in self._seen.items())
            and time.monotonic() - failed < (STARTUP_GRACE + 1) * self.timeout_s):
       time.sleep(PERIOD_S)
     self._stop.set()
@@ -109,3 +110,8 @@ class Watchdog:
 
 def _key(process: int) -> str:
   return f"{PREFIX}{process}"
+
+
+def _count(beat: str | None) -> float:
+  """A heartbeat's number (0 before the first); a process that ended (DONE, FAILED) beats no more: infinity."""
+  return 0 if beat is None else int(beat) if beat.isdigit() else float("inf")
