@@ -54,14 +54,16 @@ def create(config: ml_collections.ConfigDict, special: SpecialIds = SpecialIds()
            word_starts=None) -> Experiment:
   """`special` and `word_starts` (objective.whole_word_masking's) are the tokenizer's (data/prepared.py reads them)."""
   train, seq_len = config.train, config.data.seq_len
+  given = recipe(train)
   if config.objective.whole_word_masking and (word_starts is None or len(word_starts) != config.data.vocab_size):
     raise ValueError("objective.whole_word_masking needs the tokenizer's word starts, one per data.vocab_size id "
                      "(run on prepared data)")
   objective = objectives.ObjectiveConfig.from_config(config)
+  entry = objectives.get(objective.name)
   masking.check_masking(objective.mask_prob, seq_len)
   model = modeling.Electra(modeling.ModelConfig.from_config(config))
-  step_flops = objectives.get(objective.name).flops(flops.costs(model.config, objective, train.batch_size, seq_len))
-  optimizer = optim.build(recipe(train), devices)
+  step_flops = entry.flops(flops.costs(model.config, objective, train.batch_size, seq_len))
+  optimizer = optim.build(given, devices)
   mesh = sharding.create_mesh(**config.mesh, devices=devices)
   sharding.check_batch(train.batch_size, mesh, train.grad_accum_steps)
   stages = update_lib.Stages(objective.switch_step, two_stage.discriminator_from_generator,

@@ -56,9 +56,12 @@ def resolve(path: str, generator: str = "") -> Source:
   what = kind(path)
   if generator and what != "hf":
     raise ValueError(f"a separate generator ({generator}) goes with an HF discriminator directory, not a {what}")
-  config = None if what == "hf" else workdir_lib.load_config(path)  # which names the tokenizer
-  tokenizer_file = storage.absolute(hf_tokenizer_file(path) if what == "hf" else prepared.tokenizer_path(config))
-  path = storage.absolute(path)
+  if what == "hf":
+    config, tokenizer_file = None, hf_tokenizer_file(path)
+  else:  # the tokenizer its config.json names
+    config = workdir_lib.load_config(path)
+    tokenizer_file = prepared.tokenizer_path(config)
+  path, tokenizer_file = storage.absolute(path), storage.absolute(tokenizer_file)
   if what == "workdir":
     inputs = [(os.path.join(path, name), f"the workdir's {name}") for name in ("config.json", "checkpoints")]
   else:
