@@ -420,6 +420,24 @@ def test_sums_in_parts_are_column_sums(shape):
     np.testing.assert_allclose(ours, np.asarray(array, np.float64).sum((0, 1)), rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("weight_axis", [0, 1])
+def test_weight_gradients_in_parts_are_autodiffs(weight_axis):
+  """modeling.matmul's weight gradient as the GPU computes it (parts of the rows multiplied side by side, then added;
+  the CPU takes one part, so only this test runs several here): autodiff's gradient of the plain matmul, for one
+  part and for every part count the rule picks at ELECTRA-Small's shapes (8 for a 256 × 1,024 weight, 32 for
+  256 × 256; one for a 64 × 64 weight, which XLA splits itself)."""
+  rng = np.random.default_rng(0)
+  x, grad = (jnp.asarray(rng.normal(size=(128, 128, n)), jnp.bfloat16) for n in (256, 1024))
+  weight = jnp.zeros((256, 1024) if weight_axis == 0 else (1024, 256), jnp.float32)
+  exact = jax.vjp(lambda w: jnp.einsum("bli,io->blo" if weight_axis == 0 else "bli,oi->blo", x, w,
+                                        preferred_element_type=jnp.float32), weight)[1](grad.astype(jnp.float32))[0]
+  assert [modeling._gradient_parts(x, n) for n in (256 * 1024, 256 * 256, 64 * 64)] == [8, 32, 1]
+  for parts in (1, 8, 32):
+    ours = modeling._weight_gradient(x, grad, weight_axis, parts)
+    assert ours.dtype == jnp.float32 and ours.shape == weight.shape
+    np.testing.assert_allclose(ours, exact, rtol=1e-4, atol=1e-4 * float(jnp.abs(exact).max()))
+
+
 def test_projections_are_separate_dense_layers():
   """modeling.projections (Q, K and V's kernels side by side, its own backward pass) equals three flax nn.Dense
   layers in float32, outputs and the gradients of the input, every kernel and every bias."""

@@ -114,12 +114,52 @@ def column_sums(*arrays) -> tuple:
       default=sums_in_parts)
 
 
-def matmul(x: jax.Array, weight: jax.Array, dtype, weight_axis: int = 0) -> jax.Array:
-  """x's last axis times `weight`'s axis `weight_axis`, in `dtype`: a float32 weight is rounded to 16 bits inside the
-  matmul (a dot algorithm), not by a cast that both passes would share, a GPU kernel per weight and step."""
+def _matmul(x, weight, dtype, weight_axis):
   dims = (((x.ndim - 1,), (weight_axis,)), ((), ()))
   return jax.lax.dot_general(x.astype(dtype), weight, dims, precision=_ALGORITHMS.get(jnp.dtype(dtype)),
                              preferred_element_type=dtype)
+
+
+def _weight_gradient(x, grad, weight_axis: int, parts: int):
+  """Σ over rows of xᵀ · grad in float32, laid out as the weight ([in, out]; [out, in] for weight_axis 1): one
+  matmul of `parts` slices of the rows side by side, its results added elementwise."""
+  x, grad = (t.reshape(parts, -1, t.shape[-1]) for t in (x, grad))
+  a, b = (x, grad) if weight_axis == 0 else (grad, x)
+  products = jax.lax.dot_general(a, b, (((1,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32)
+  return functools.reduce(jnp.add, list(products))
+
+
+def _gradient_parts(x: jax.Array, weight_size: int) -> int:
+  """XLA:GPU splits a weight gradient's long sum over rows into parts of about 2M products (split-K) and adds them
+  up in a kernel of its own; the same split made here is added elementwise where XLA fuses it into the update's
+  concatenation. Parts of whole sequences, at least 256 rows each. One part (XLA's split) for weights under 64K
+  numbers, whose 32 or more parts' additions XLA would no longer fuse, and on a mesh of several devices (parts
+  split over them would be gathered)."""
+  if weight_size < 2**16 or jax.sharding.get_abstract_mesh().size > 1:
+    return 1
+  batch, rows = x.shape[0], x.size // x.shape[-1]
+  return max(d for d in range(1, batch + 1) if batch % d == 0 and (d == 1 or (
+      d * weight_size <= 2**21 and rows // d >= 256)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def matmul(x: jax.Array, weight: jax.Array, dtype, weight_axis: int = 0) -> jax.Array:
+  """x's last axis times `weight`'s axis `weight_axis`, in `dtype`: a float32 weight is rounded to 16 bits inside the
+  matmul (a dot algorithm), not by a cast that both passes would share, a GPU kernel per weight and step. The
+  weight's gradient is float32, on a GPU summed from parts of the rows (_gradient_parts)."""
+  return _matmul(x, weight, dtype, weight_axis)
+
+
+def _matmul_bwd(dtype, weight_axis, residuals, grad):
+  x, weight = residuals
+  dweight = jax.lax.platform_dependent(
+      x.astype(dtype), grad, cuda=lambda x, g: _weight_gradient(x, g, weight_axis, _gradient_parts(x, weight.size)),
+      default=lambda x, g: _weight_gradient(x, g, weight_axis, 1))
+  return _matmul(grad, weight, dtype, 1 - weight_axis).astype(x.dtype), dweight.astype(weight.dtype)
+
+
+matmul.defvjp(lambda x, weight, dtype, weight_axis: (_matmul(x, weight, dtype, weight_axis), (x, weight)),
+              _matmul_bwd)
 
 
 class Dense(nn.Module):
