@@ -130,16 +130,17 @@ def _weight_gradient(x, grad, weight_axis: int, parts: int):
 
 
 def _gradient_parts(x: jax.Array, weight_size: int) -> int:
-  """XLA:GPU splits a weight gradient's long sum over rows into parts of about 2M products (split-K) and adds them
-  up in a kernel of its own; the same split made here is added elementwise where XLA fuses it into the update's
-  concatenation. Parts of whole sequences, at least 256 rows each. One part (XLA's split) for weights under 64K
-  numbers, whose 32 or more parts' additions XLA would no longer fuse, and on a mesh of several devices (parts
-  split over them would be gathered)."""
+  """XLA:GPU splits a weight gradient's long sum over rows into parts (split-K) and adds them up in a kernel of its
+  own; the same split made here is added elementwise where XLA fuses it into the update's concatenation. Parts of
+  whole sequences, of at most as many rows as XLA's own (the weight's size / 128 rounded down to a power of two, at
+  least 256), so it splits none further. One part (XLA's split) for weights under 64K numbers, whose 32 or more
+  parts' additions XLA would no longer fuse, and on a mesh of several devices (parts split over them would be
+  gathered)."""
   if weight_size < 2**16 or jax.sharding.get_abstract_mesh().size > 1:
     return 1
   batch, rows = x.shape[0], x.size // x.shape[-1]
-  return max(d for d in range(1, batch + 1) if batch % d == 0 and (d == 1 or (
-      d * weight_size <= 2**21 and rows // d >= 256)))
+  most_rows = max(256, 1 << ((weight_size // 128).bit_length() - 1))
+  return next((d for d in range(1, batch + 1) if batch % d == 0 and rows // d <= most_rows), batch)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -356,9 +357,10 @@ def fused_kernel(dtype) -> str | None:
 
 
 def _masked_scores(q, k, mask):
-  """q kᵀ / √head_dim [batch, heads, query, key] in q's dtype, with the dtype's lowest value where a key is masked
-  and 0 everywhere in a row with no key at all (the uniform softmax that the lowest value alone would give it)."""
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  """q kᵀ / √head_dim [batch, heads, query, key] (q, k: [batch, heads, length, head_dim]) in q's dtype, with the
+  dtype's lowest value where a key is masked and 0 everywhere in a row with no key at all (the uniform softmax that
+  the lowest value alone would give it)."""
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
   lowest = jnp.finfo(scores.dtype).min
   fill = jnp.where(mask.any(-1), lowest, 0).astype(scores.dtype)[:, None, None, None]
   return jnp.where(mask[:, None, None, :], scores, fill)
@@ -371,32 +373,55 @@ def _logsumexp(scores: jax.Array) -> jax.Array:
   return top + jnp.log(jnp.exp(s - top).sum(-1, keepdims=True))
 
 
+def _probabilities(scores: jax.Array, lse: jax.Array) -> jax.Array:
+  """softmax(scores) in float32: exp(scores - lse), which a TPU fuses into the PV matmul's operand; on a GPU the
+  exponentials from the row's max over their sum, XLA's softmax pattern, which it fuses into one kernel."""
+  def normalised(s, _):
+    e = jnp.exp(s.astype(jnp.float32) - s.max(-1, keepdims=True).astype(jnp.float32))
+    return e / e.sum(-1, keepdims=True)
+  return jax.lax.platform_dependent(scores, lse, cuda=normalised,
+                                    default=lambda s, lse: jnp.exp(s.astype(jnp.float32) - lse))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def attention(q, k, v, mask, dropout_rate: float = 0.0, rng: Optional[jax.Array] = None) -> jax.Array:
   """softmax(q kᵀ / √head_dim over the keys where `mask`) with dropout (keep-masks from `rng`; None: none), times v.
-  q, k, v: [batch, length, heads, head_dim]; mask: [batch, key]. The backward pass recomputes the scores and masks
-  from q, k, v, the output and the rows' log-sum-exp (flash attention's recompute, in XLA ops: docs/tpu.md)."""
+  q, k, v: [batch, length, heads, head_dim], multiplied head-major; mask: [batch, key]. The backward pass recomputes
+  the scores and masks from q, k, v, the output and the rows' log-sum-exp (flash attention's recompute, in XLA ops:
+  docs/tpu.md; on a GPU the softmax from the scores: `_probabilities`)."""
   return _attention_fwd(q, k, v, mask, dropout_rate, rng)[0]
 
 
+def _heads(x: jax.Array) -> jax.Array:
+  """[batch, length, heads, head_dim] <-> [batch, heads, length, head_dim]: the matmuls' batch axes leading."""
+  return x.transpose(0, 2, 1, 3)
+
+
 def _attention_fwd(q, k, v, mask, dropout_rate, rng):
+  q, k, v = map(_heads, (q, k, v))
   scores = _masked_scores(q, k, mask)
   lse = _logsumexp(scores)
-  probs = _dropped(jnp.exp(scores.astype(jnp.float32) - lse), dropout_rate, rng)
-  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
-  return out, (q, k, v, mask, rng, out, lse)
+  probs = _dropped(_probabilities(scores, lse), dropout_rate, rng)
+  out = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v)
+  return _heads(out), (q, k, v, mask, rng, out, lse)
 
 
 def _attention_bwd(dropout_rate, residuals, grad):
   q, k, v, mask, rng, out, lse = residuals
-  probs = jnp.exp(_masked_scores(q, k, mask).astype(jnp.float32) - lse)
-  dv = jnp.einsum("bhqk,bqhd->bkhd", _dropped(probs, dropout_rate, rng).astype(v.dtype), grad)
-  dprobs = _dropped(jnp.einsum("bqhd,bkhd->bhqk", grad, v, preferred_element_type=jnp.float32), dropout_rate, rng)
-  # Softmax's backward subtracts Σ_key probs · dprobs, which is grad · out: a product over head_dim, not the keys.
-  total = jnp.einsum("bqhd,bqhd->bhq", grad.astype(jnp.float32), out.astype(jnp.float32))[..., None]
+  grad = _heads(grad)
+  probs = _probabilities(_masked_scores(q, k, mask), lse)
+  dv = jnp.einsum("bhqk,bhqd->bhkd", _dropped(probs, dropout_rate, rng).astype(v.dtype), grad)
+  dprobs = _dropped(jnp.einsum("bhqd,bhkd->bhqk", grad, v, preferred_element_type=jnp.float32), dropout_rate, rng)
+  # Softmax's backward subtracts Σ_key probs · dprobs, which is also grad · out, a product over head_dim: a TPU
+  # takes that (the sum over the keys cost it more: docs/tpu.md); on a GPU XLA fuses the sum over the keys with the
+  # recomputed softmax into one kernel.
+  total = jax.lax.platform_dependent(
+      probs, dprobs, grad, out, cuda=lambda p, dp, g, o: (p * dp).sum(-1, keepdims=True),
+      default=lambda p, dp, g, o: (g.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1, keepdims=True))
   dscores = jnp.where(mask[:, None, None, :], probs * (dprobs - total), 0) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
   dscores = dscores.astype(q.dtype)
-  return (jnp.einsum("bhqk,bkhd->bqhd", dscores, k), jnp.einsum("bhqk,bqhd->bkhd", dscores, q), dv, None, None)
+  dq, dk = jnp.einsum("bhqk,bhkd->bhqd", dscores, k), jnp.einsum("bhqk,bhqd->bhkd", dscores, q)
+  return (*map(_heads, (dq, dk, dv)), None, None)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
