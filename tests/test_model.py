@@ -438,6 +438,15 @@ def test_weight_gradients_in_parts_are_autodiffs(weight_axis):
     np.testing.assert_allclose(ours, exact, rtol=1e-4, atol=1e-4 * float(jnp.abs(exact).max()))
 
 
+def test_keep_masks_drawn_flat_are_the_shaped_draws():
+  """modeling._keep_mask's flat draw (one run of bits, reshaped: on a GPU without the per-axis counters' kernels)
+  is the shaped draw bit for bit, so a run's dropout does not depend on which one a device count picks."""
+  key = jax.random.PRNGKey(7)
+  for shape in ((2, 4, 16, 32), (3, 5, 7)):
+    flat, shaped = (modeling._keep_mask(key, shape, 0.1, flat=f) for f in (True, False))
+    assert flat.shape == shaped.shape == shape and bool((flat == shaped).all()) and 0.8 < float(flat.mean()) < 1
+
+
 def test_projections_are_separate_dense_layers():
   """modeling.projections (Q, K and V's kernels side by side, its own backward pass) equals three flax nn.Dense
   layers in float32, outputs and the gradients of the input, every kernel and every bias."""

@@ -3,6 +3,7 @@
 functions are written for fewer kernels on a GPU (docs/benchmarks.md, "Kernels of Small's step")."""
 import dataclasses
 import functools
+import math
 from typing import Optional
 
 import flax.linen as nn
@@ -189,9 +190,13 @@ def dense(config: ModelConfig, features: int, axes, name: str) -> Dense:
                nn.with_logical_partitioning(nn.initializers.zeros, axes[-1:]), name=name)
 
 
-def _keep_mask(rng: jax.Array, shape, rate: float) -> jax.Array:
-  """Dropout's keep-mask for `shape`, drawn as 16-bit integers (the rate exact to 1/65536)."""
-  return jax.random.bits(rng, shape, jnp.uint16) >= round(rate * 2**16)
+def _keep_mask(rng: jax.Array, shape, rate: float, flat: bool = False) -> jax.Array:
+  """Dropout's keep-mask for `shape`, drawn as 16-bit integers (the rate exact to 1/65536). `flat`: drawn as one run
+  and reshaped (the same bits), where XLA:GPU would compute the draw's per-axis counters in kernels of their own (a
+  mask of hidden states; attention's is drawn inside the softmax's kernel); shaped on a mesh all the same, so that
+  its batch axis splits the draw over the devices."""
+  drawn = (math.prod(shape),) if flat and jax.sharding.get_abstract_mesh().size == 1 else shape
+  return jax.random.bits(rng, drawn, jnp.uint16).reshape(shape) >= round(rate * 2**16)
 
 
 def _kept(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
@@ -209,7 +214,9 @@ class Dropout(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    return _dropped(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"))
+    if deterministic or self.rate == 0.0:
+      return x
+    return _kept(x, _keep_mask(self.make_rng("dropout"), x.shape, self.rate, flat=True), self.rate)
 
 
 def _normalized(x: jax.Array, eps: float):
@@ -461,7 +468,7 @@ class EncoderLayer(nn.Module):
   def __call__(self, x, mask, deterministic: bool, dropout_key: Optional[jax.Array] = None):
     """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once."""
     c, e = self.config, self.encoder
-    keep = [None] * 2 if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate)
+    keep = [None] * 2 if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate, flat=True)
     h, bias = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
     x = _layer_norm(c, "hidden", "attention_LayerNorm")(x, h, bias, keep[0], c.dropout_rate)
     h = nn.gelu(dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
