@@ -208,15 +208,18 @@ def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
   return x if rng is None else _kept(x, _keep_mask(rng, x.shape, rate), rate)
 
 
+def dropout(x: jax.Array, rate: float, key: Optional[jax.Array]) -> jax.Array:
+  """Inverted dropout of hidden states with `key`'s keep-mask (None: none), drawn flat."""
+  return x if key is None else _kept(x, _keep_mask(key, x.shape, rate, flat=True), rate)
+
+
 class Dropout(nn.Module):
   """Inverted dropout with 16-bit keep-masks (_keep_mask): half the random bits of nn.Dropout's 32-bit uniforms."""
   rate: float
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    if deterministic or self.rate == 0.0:
-      return x
-    return _kept(x, _keep_mask(self.make_rng("dropout"), x.shape, self.rate, flat=True), self.rate)
+    return dropout(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"))
 
 
 def _normalized(x: jax.Array, eps: float):
@@ -339,12 +342,13 @@ class Embeddings(nn.Module):
     self.token_type_embeddings = self.param(
         "token_type_embeddings", _init(c, (None, "embed")), (c.type_vocab_size, c.embedding_size))
     self.layer_norm = _layer_norm(c, "embed")
-    self.dropout = Dropout(c.dropout_rate)
 
   def table(self, gdes_base: Optional[jax.Array] = None) -> jax.Array:
     return self.word_embeddings if gdes_base is None else jax.lax.stop_gradient(gdes_base) + self.word_embeddings
 
-  def __call__(self, input_ids, segment_ids, *, deterministic: bool, gdes_base: Optional[jax.Array] = None):
+  def __call__(self, input_ids, segment_ids, *, dropout_key: Optional[jax.Array] = None,
+               gdes_base: Optional[jax.Array] = None):
+    """`dropout_key`: the key of the output's dropout mask (None: no dropout)."""
     c = self.config
     dtype = c.compute_dtype
     table = self.table(gdes_base)
@@ -353,7 +357,7 @@ class Embeddings(nn.Module):
     x += select_rows(self.token_type_embeddings, segment_ids)
     x = self.layer_norm(x.astype(dtype))
     x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-    return self.dropout(x, deterministic=deterministic)
+    return dropout(x, c.dropout_rate, dropout_key)
 
 
 def fused_kernel(dtype) -> str | None:
@@ -441,7 +445,8 @@ class SelfAttention(nn.Module):
   encoder: EncoderConfig
 
   @nn.compact
-  def __call__(self, x, mask, *, deterministic: bool):
+  def __call__(self, x, mask, rng: Optional[jax.Array] = None):
+    """`rng`: the key of attention dropout's masks (None: no attention dropout)."""
     c, e = self.config, self.encoder
     head_dim = e.hidden_size // e.num_heads
     split = lambda t: t.reshape(t.shape[:2] + (e.num_heads, head_dim))
@@ -449,11 +454,10 @@ class SelfAttention(nn.Module):
                             for name in ("query", "key", "value")))
     q, k, v = map(split, projections(x.astype(c.compute_dtype), kernels, biases))
     # Fine-tuning may set attention dropout on a fused config: its dropout steps take the einsum path (same weights).
-    if c.attention_impl == "fused" and (deterministic or c.attention_dropout_rate == 0.0):
+    if c.attention_impl == "fused" and rng is None:
       ctx = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=mask.sum(-1, dtype=jnp.int32),
                                          scale=head_dim ** -0.5, implementation=fused_kernel(c.compute_dtype))
     else:
-      rng = None if deterministic or c.attention_dropout_rate == 0.0 else self.make_rng("dropout")
       ctx = attention(q, k, v, mask, c.attention_dropout_rate, rng)
     ctx = ctx.reshape(x.shape[:2] + (e.hidden_size,))
     return dense(c, e.hidden_size, ("qkv", "hidden"), "output")(ctx, add_bias=False)
@@ -465,11 +469,14 @@ class EncoderLayer(nn.Module):
   encoder: EncoderConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, dropout_key: Optional[jax.Array] = None):
-    """`dropout_key`: the key of the layer's dropout masks (None: no dropout), both sites' drawn at once."""
+  def __call__(self, x, mask, keys: Optional[jax.Array] = None):
+    """`keys`: the layer's two dropout keys (None: no dropout), the hidden states' (both sites' masks drawn at once)
+    and attention's; each unused where its rate is 0."""
     c, e = self.config, self.encoder
-    keep = [None] * 2 if dropout_key is None else _keep_mask(dropout_key, (2,) + x.shape, c.dropout_rate, flat=True)
-    h, bias = SelfAttention(c, e, name="attention")(x, mask, deterministic=deterministic)
+    hidden, attention_key = [None] * 2 if keys is None else keys
+    keep = [None] * 2 if hidden is None or c.dropout_rate == 0.0 else _keep_mask(
+        hidden, (2,) + x.shape, c.dropout_rate, flat=True)
+    h, bias = SelfAttention(c, e, name="attention")(x, mask, None if c.attention_dropout_rate == 0.0 else attention_key)
     x = _layer_norm(c, "hidden", "attention_LayerNorm")(x, h, bias, keep[0], c.dropout_rate)
     h = nn.gelu(dense(c, e.intermediate_size, ("hidden", "mlp"), "intermediate")(x), approximate=False)
     h, bias = dense(c, e.hidden_size, ("mlp", "hidden"), "output")(h, add_bias=False)
@@ -483,37 +490,30 @@ class Encoder(nn.Module):
   encoder: EncoderConfig
 
   @nn.compact
-  def __call__(self, embedded, mask, *, deterministic: bool):
+  def __call__(self, embedded, mask, keys: Optional[jax.Array] = None):
+    """`keys`: [layers, 2] dropout keys (EncoderLayer's; None: no dropout)."""
     c, e = self.config, self.encoder
     x = embedded
     if c.embedding_size != e.hidden_size:
       x = dense(c, e.hidden_size, ("embed", "hidden"), "embeddings_project")(x)
-    # Every layer's dropout key split at once: one GPU kernel.
-    keys = None
-    if not deterministic and c.dropout_rate > 0.0:
-      keys = jax.random.split(self.make_rng("dropout"), e.num_layers)
     if c.scan_layers and not self.is_initializing():
-      return _scan_layers(c, e, self.variables["params"], x, mask, deterministic,
-                          None if deterministic else self.make_rng("dropout"), keys)
-    layer_cls = nn.remat(EncoderLayer, static_argnums=(3,)) if c.remat else EncoderLayer
+      return _scan_layers(c, e, self.variables["params"], x, mask, keys)
+    layer_cls = nn.remat(EncoderLayer) if c.remat else EncoderLayer
     for i in range(e.num_layers):
-      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, deterministic, None if keys is None else keys[i])
+      x = layer_cls(c, e, name=f"layer_{i}")(x, mask, None if keys is None else keys[i])
     return x
 
 
-def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, deterministic: bool, rng, dropout_keys):
-  """The layers as one lax.scan over their stacked parameters (one layer compiled; names stay layer_i). Dropout masks
-  come from `dropout_keys` as unrolled, but attention dropout's keys are split from `rng`: another stream."""
+def _scan_layers(c: ModelConfig, e: EncoderConfig, params, x, mask, keys):
+  """The layers as one lax.scan over their stacked parameters and `keys` (one layer compiled; names stay layer_i)."""
   stacked = jax.tree.map(lambda *p: jnp.stack(p), *(params[f"layer_{i}"] for i in range(e.num_layers)))
-  keys = None if rng is None else jax.random.split(rng, e.num_layers)
   layer = EncoderLayer(c, e)
 
   def body(h, inputs):
-    p, key, k = inputs
-    return layer.apply({"params": p}, h, mask, deterministic, k,
-                       rngs={} if key is None else {"dropout": key}), None
+    p, k = inputs
+    return layer.apply({"params": p}, h, mask, k), None
 
-  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys, dropout_keys))
+  x, _ = jax.lax.scan(jax.checkpoint(body) if c.remat else body, x, (stacked, keys))
   return x
 
 
@@ -578,10 +578,15 @@ class Electra(nn.Module):
     else:
       emb = self.discriminator_embeddings
       base = self.generator_embeddings.table() if c.embedding_sharing == "gdes" else None
-    x = emb(input_ids, segment_ids, deterministic=deterministic, gdes_base=base)
     encoder = self.generator if net == "generator" and c.embedding_sharing != "all" else self.discriminator
+    # The network's dropout keys, all split at once (a GPU kernel or two): the embeddings' first, then each layer's.
+    keys = None
+    if not deterministic and (c.dropout_rate > 0.0 or c.attention_dropout_rate > 0.0):
+      keys = jax.random.split(self.make_rng("dropout"), (encoder.encoder.num_layers + 1, 2))
+    x = emb(input_ids, segment_ids, dropout_key=None if keys is None or c.dropout_rate == 0.0 else keys[0, 0],
+            gdes_base=base)
     # Both our SentencePiece models and Google's WordPiece vocabularies put [PAD] at id 0.
-    return encoder(x, input_ids != 0, deterministic=deterministic), emb.table(base)
+    return encoder(x, input_ids != 0, None if keys is None else keys[1:]), emb.table(base)
 
   def generator_logits(self, input_ids, segment_ids, positions, *, deterministic: bool = True):
     """MLM logits [B, P, V] of the generator at `positions` [B, P] only."""
