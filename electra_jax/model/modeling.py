@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from electra_jax.model import sampling
+
 SHARING_MODES = ("shared", "untied", "all", "gdes")
 ATTENTION_IMPLS = ("einsum", "fused")
 DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: the compute dtype (parameters stay float32)
@@ -579,10 +581,10 @@ class Electra(nn.Module):
       emb = self.discriminator_embeddings
       base = self.generator_embeddings.table() if c.embedding_sharing == "gdes" else None
     encoder = self.generator if net == "generator" and c.embedding_sharing != "all" else self.discriminator
-    # The network's dropout keys, all split at once (a GPU kernel or two): the embeddings' first, then each layer's.
+    # The network's dropout keys, all derived at once (a GPU kernel): the embeddings' first, then each layer's.
     keys = None
     if not deterministic and (c.dropout_rate > 0.0 or c.attention_dropout_rate > 0.0):
-      keys = jax.random.split(self.make_rng("dropout"), (encoder.encoder.num_layers + 1, 2))
+      keys = sampling.keys(self.make_rng("dropout"), (encoder.encoder.num_layers + 1, 2))
     x = emb(input_ids, segment_ids, dropout_key=None if keys is None or c.dropout_rate == 0.0 else keys[0, 0],
             gdes_base=base)
     # Both our SentencePiece models and Google's WordPiece vocabularies put [PAD] at id 0.

@@ -151,7 +151,7 @@ def compute_loss(model: modeling.Electra, params, batch, rng: jax.Array, objecti
   entry = get(objective.name)
   ids = batch["input_ids"]
   rows = jnp.arange(ids.shape[0]) if rows is None else rows
-  k_mask, k_sample, k_gen, k_disc = jax.random.split(rng, 4)
+  k_mask, k_sample, k_gen, k_disc = sampling.keys(rng, (4,))
   # Dropout draws a whole (micro-)batch's mask from one key: each micro-batch folds in its first row to differ.
   k_gen, k_disc = (jax.random.fold_in(k, rows[0]) for k in (k_gen, k_disc))
   mask = (functools.partial(masking.mask_words, word_starts=word_starts) if objective.whole_word_masking

@@ -1,9 +1,17 @@
 """Random draws keyed per row, and the generator's samples: one token per masked position from
 softmax(logits / temperature)."""
+import math
+
 import jax
 import jax.numpy as jnp
 
 SAMPLE_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF (about sqrt(V); a TPU lane row)
+
+
+def keys(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Keys of `shape` from `rng`, each its flat index folded in: one GPU kernel, where jax.random.split takes two."""
+  flat = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(math.prod(shape)))
+  return flat.reshape(shape + flat.shape[1:])
 
 
 def per_row(draw, rng: jax.Array, shape: tuple[int, ...], rows: jax.Array | None = None, **kwargs) -> jax.Array:
