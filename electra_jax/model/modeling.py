@@ -118,6 +118,9 @@ def column_sums(*arrays) -> tuple:
 
 
 def _matmul(x, weight, dtype, weight_axis):
+  if x.shape[-1] == 1:  # an outer product (dense_prediction's input gradient) elementwise, fused with its neighbours
+    w = jnp.moveaxis(weight, weight_axis, 0).astype(dtype).astype(jnp.float32)
+    return (x.astype(dtype).astype(jnp.float32) * w[0]).astype(dtype)
   dims = (((x.ndim - 1,), (weight_axis,)), ((), ()))
   return jax.lax.dot_general(x.astype(dtype), weight, dims, precision=_ALGORITHMS.get(jnp.dtype(dtype)),
                              preferred_element_type=dtype)
