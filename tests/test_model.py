@@ -429,19 +429,19 @@ def test_weight_gradients_in_parts_are_autodiffs(weight_axis):
   weight = jnp.zeros((256, 1024) if weight_axis == 0 else (1024, 256), jnp.float32)
   exact = jax.vjp(lambda w: jnp.einsum("bli,io->blo" if weight_axis == 0 else "bli,oi->blo", x, w,
                                         preferred_element_type=jnp.float32), weight)[1](grad.astype(jnp.float32))[0]
-  assert [modeling._gradient_parts(x, n) for n in (256 * 1024, 256 * 256, 64 * 64)] == [8, 32, 1]
+  assert [modeling.gradient_parts(x, n) for n in (256 * 1024, 256 * 256, 64 * 64)] == [8, 32, 1]
   for parts in (1, 8, 32):
-    ours = modeling._weight_gradient(x, grad, weight_axis, parts)
+    ours = modeling.weight_gradient(x, grad, weight_axis, parts)
     assert ours.dtype == jnp.float32 and ours.shape == weight.shape
     np.testing.assert_allclose(ours, exact, rtol=1e-4, atol=1e-4 * float(jnp.abs(exact).max()))
 
 
 def test_keep_masks_drawn_flat_are_the_shaped_draws():
-  """modeling._keep_mask's flat draw (one run of bits, reshaped: on a GPU without the per-axis counters' kernels)
+  """modeling.keep_mask's flat draw (one run of bits, reshaped: on a GPU without the per-axis counters' kernels)
   is the shaped draw bit for bit, so a run's dropout does not depend on which one a device count picks."""
   key = jax.random.PRNGKey(7)
   for shape in ((2, 4, 16, 32), (3, 5, 7)):
-    flat, shaped = (modeling._keep_mask(key, shape, 0.1, flat=f) for f in (True, False))
+    flat, shaped = (modeling.keep_mask(key, shape, 0.1, flat=f) for f in (True, False))
     assert flat.shape == shaped.shape == shape and bool((flat == shaped).all()) and 0.8 < float(flat.mean()) < 1
 
 

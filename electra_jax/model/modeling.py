@@ -126,7 +126,7 @@ def _matmul(x, weight, dtype, weight_axis):
                              preferred_element_type=dtype)
 
 
-def _weight_gradient(x, grad, weight_axis: int, parts: int):
+def weight_gradient(x, grad, weight_axis: int, parts: int):
   """Σ over rows of xᵀ · grad in float32, laid out as the weight ([in, out]; [out, in] for weight_axis 1): one
   matmul of `parts` slices of the rows side by side, its results added elementwise."""
   x, grad = (t.reshape(parts, -1, t.shape[-1]) for t in (x, grad))
@@ -135,7 +135,7 @@ def _weight_gradient(x, grad, weight_axis: int, parts: int):
   return functools.reduce(jnp.add, list(products))
 
 
-def _gradient_parts(x: jax.Array, weight_size: int) -> int:
+def gradient_parts(x: jax.Array, weight_size: int) -> int:
   """XLA:GPU splits a weight gradient's long sum over rows into parts (split-K) and adds them up in a kernel of its
   own; the same split made here is added elementwise where XLA fuses it into the update's concatenation. Parts of
   whole sequences, of at most as many rows as XLA's own (the weight's size / 128 rounded down to a power of two, at
@@ -153,15 +153,15 @@ def _gradient_parts(x: jax.Array, weight_size: int) -> int:
 def matmul(x: jax.Array, weight: jax.Array, dtype, weight_axis: int = 0) -> jax.Array:
   """x's last axis times `weight`'s axis `weight_axis`, in `dtype`: a float32 weight is rounded to 16 bits inside the
   matmul (a dot algorithm), not by a cast that both passes would share, a GPU kernel per weight and step. The
-  weight's gradient is float32, on a GPU summed from parts of the rows (_gradient_parts)."""
+  weight's gradient is float32, on a GPU summed from parts of the rows (gradient_parts)."""
   return _matmul(x, weight, dtype, weight_axis)
 
 
 def _matmul_bwd(dtype, weight_axis, residuals, grad):
   x, weight = residuals
   dweight = jax.lax.platform_dependent(
-      x.astype(dtype), grad, cuda=lambda x, g: _weight_gradient(x, g, weight_axis, _gradient_parts(x, weight.size)),
-      default=lambda x, g: _weight_gradient(x, g, weight_axis, 1))
+      x.astype(dtype), grad, cuda=lambda x, g: weight_gradient(x, g, weight_axis, gradient_parts(x, weight.size)),
+      default=lambda x, g: weight_gradient(x, g, weight_axis, 1))
   return _matmul(grad, weight, dtype, 1 - weight_axis).astype(x.dtype), dweight.astype(weight.dtype)
 
 
@@ -195,7 +195,7 @@ def dense(config: ModelConfig, features: int, axes, name: str) -> Dense:
                nn.with_logical_partitioning(nn.initializers.zeros, axes[-1:]), name=name)
 
 
-def _keep_mask(rng: jax.Array, shape, rate: float, flat: bool = False) -> jax.Array:
+def keep_mask(rng: jax.Array, shape, rate: float, flat: bool = False) -> jax.Array:
   """Dropout's keep-mask for `shape`, drawn as 16-bit integers (the rate exact to 1/65536). `flat`: drawn as one run
   and reshaped (the same bits), where XLA:GPU would compute the draw's per-axis counters in kernels of their own (a
   mask of hidden states; attention's is drawn inside the softmax's kernel); shaped on a mesh all the same, so that
@@ -210,16 +210,16 @@ def _kept(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
 
 
 def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
-  return x if rng is None else _kept(x, _keep_mask(rng, x.shape, rate), rate)
+  return x if rng is None else _kept(x, keep_mask(rng, x.shape, rate), rate)
 
 
 def dropout(x: jax.Array, rate: float, key: Optional[jax.Array]) -> jax.Array:
   """Inverted dropout of hidden states with `key`'s keep-mask (None: none), drawn flat."""
-  return x if key is None else _kept(x, _keep_mask(key, x.shape, rate, flat=True), rate)
+  return x if key is None else _kept(x, keep_mask(key, x.shape, rate, flat=True), rate)
 
 
 class Dropout(nn.Module):
-  """Inverted dropout with 16-bit keep-masks (_keep_mask): half the random bits of nn.Dropout's 32-bit uniforms."""
+  """Inverted dropout with 16-bit keep-masks (keep_mask): half the random bits of nn.Dropout's 32-bit uniforms."""
   rate: float
 
   @nn.compact
@@ -479,7 +479,7 @@ class EncoderLayer(nn.Module):
     and attention's; each unused where its rate is 0."""
     c, e = self.config, self.encoder
     hidden, attention_key = [None] * 2 if keys is None else keys
-    keep = [None] * 2 if hidden is None or c.dropout_rate == 0.0 else _keep_mask(
+    keep = [None] * 2 if hidden is None or c.dropout_rate == 0.0 else keep_mask(
         hidden, (2,) + x.shape, c.dropout_rate, flat=True)
     h, bias = SelfAttention(c, e, name="attention")(x, mask, None if c.attention_dropout_rate == 0.0 else attention_key)
     x = _layer_norm(c, "hidden", "attention_LayerNorm")(x, h, bias, keep[0], c.dropout_rate)
