@@ -209,13 +209,9 @@ def _kept(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
   return jnp.where(keep, x / ((2**16 - round(rate * 2**16)) / 2**16), 0).astype(x.dtype)
 
 
-def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array]) -> jax.Array:
-  return x if rng is None else _kept(x, keep_mask(rng, x.shape, rate), rate)
-
-
-def dropout(x: jax.Array, rate: float, key: Optional[jax.Array]) -> jax.Array:
-  """Inverted dropout of hidden states with `key`'s keep-mask (None: none), drawn flat."""
-  return x if key is None else _kept(x, keep_mask(key, x.shape, rate, flat=True), rate)
+def _dropped(x: jax.Array, rate: float, rng: Optional[jax.Array], flat: bool = False) -> jax.Array:
+  """Inverted dropout with `rng`'s keep-mask (None: none); `flat`: keep_mask's."""
+  return x if rng is None else _kept(x, keep_mask(rng, x.shape, rate, flat), rate)
 
 
 class Dropout(nn.Module):
@@ -224,7 +220,7 @@ class Dropout(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    return dropout(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"))
+    return _dropped(x, self.rate, None if deterministic or self.rate == 0.0 else self.make_rng("dropout"), flat=True)
 
 
 def _normalized(x: jax.Array, eps: float):
@@ -362,7 +358,7 @@ class Embeddings(nn.Module):
     x += select_rows(self.token_type_embeddings, segment_ids)
     x = self.layer_norm(x.astype(dtype))
     x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
-    return dropout(x, c.dropout_rate, dropout_key)
+    return _dropped(x, c.dropout_rate, dropout_key, flat=True)
 
 
 def fused_kernel(dtype) -> str | None:
